@@ -1,0 +1,31 @@
+"""Gangs: groups of pods that run together or not at all (a PodGroup)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Gang"]
+
+
+@dataclass(frozen=True, slots=True)
+class Gang:
+    """A PodGroup: ``min_member`` pods must be placed in the same cycle or none is.
+
+    Pods beyond ``min_member`` are elastic extras: placed only after every admissible gang.
+    A pod that names no PodGroup forms an implicit gang of one (``implicit=True``).
+    """
+
+    namespace: str
+    name: str
+    min_member: int = 1
+    queue: str = ""
+    priority: int = 0
+    preemptible: bool = True
+    creation_time: float = 0.0
+    staleness_grace_seconds: float = 60.0
+    implicit: bool = False
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``, the key pods use in :attr:`Pod.gang`."""
+        return f"{self.namespace}/{self.name}"

@@ -1,0 +1,110 @@
+"""Pods: what they request, where they may go, and where they are."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from scheduler.cluster.node import GPU_MILLI, Node
+from scheduler.cluster.resources import Resources
+from scheduler.cluster.selectors import NodeSelectorTerm, Toleration, node_accepts
+
+__all__ = ["GpuRequest", "Pod", "PodPhase"]
+
+
+class PodPhase(StrEnum):
+    """The Kubernetes pod phase."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """GPU devices a pod needs: ``count`` devices, each with ``milli`` thousandths free.
+
+    A whole-GPU pod asking for 2 GPUs is ``GpuRequest(2, 1000)``; a pod with
+    ``gpu-fraction: 0.5`` is ``GpuRequest(1, 500)``. ``memory_mib`` is set for pods that ask by
+    GPU memory (``gpu-memory``); their portion depends on the node's device memory.
+    """
+
+    count: int = 1
+    milli: int = GPU_MILLI
+    memory_mib: int | None = None
+
+    @property
+    def whole(self) -> bool:
+        """True when every device is taken entirely (no sharing)."""
+        return self.memory_mib is None and self.milli >= GPU_MILLI
+
+    def milli_on(self, node: Node) -> int | None:
+        """Thousandths of one device this pod takes on ``node``; None if it cannot fit there."""
+        if self.memory_mib is None:
+            return self.milli
+        if not node.gpu_memory_mib:
+            return None
+        milli = -(-self.memory_mib * GPU_MILLI // node.gpu_memory_mib)  # ceil division
+        return milli if milli <= GPU_MILLI else None
+
+    @property
+    def total_milli(self) -> int:
+        """Total thousandths when the portion is known up front (not for memory requests)."""
+        return self.count * self.milli
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """A pod as the scheduler sees it.
+
+    ``requests`` are the effective requests Kubernetes would compute (see
+    :mod:`scheduler.cluster.podspec`). Fractional GPU pods carry their GPU need in ``gpu`` and
+    have no ``nvidia.com/gpu`` in ``requests``; whole-GPU pods have both.
+    """
+
+    uid: str
+    namespace: str
+    name: str
+    requests: Resources = field(default_factory=Resources)
+    gpu: GpuRequest | None = None
+    priority: int = 0
+    node_selector: tuple[tuple[str, str], ...] = ()
+    affinity: tuple[NodeSelectorTerm, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    #: ``namespace/name`` of the gang (PodGroup) this pod belongs to.
+    gang: str = ""
+    queue: str = ""
+    phase: PodPhase = PodPhase.PENDING
+    node_name: str | None = None
+    #: Device index -> thousandths, for pods bound with GPUs.
+    gpu_grant: tuple[tuple[int, int], ...] = ()
+    creation_time: float = 0.0
+    #: True for pods this scheduler places; others only use capacity.
+    managed: bool = True
+    deleting: bool = False
+
+    @property
+    def key(self) -> str:
+        """``namespace/name``."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def bound(self) -> bool:
+        """True once the pod has a node."""
+        return self.node_name is not None
+
+    @property
+    def active(self) -> bool:
+        """True while the pod holds or will hold node resources."""
+        return self.phase not in (PodPhase.SUCCEEDED, PodPhase.FAILED)
+
+    @property
+    def pending(self) -> bool:
+        """True for a managed pod that still waits for a node."""
+        return self.managed and not self.bound and self.active and not self.deleting
+
+    def accepts(self, node: Node) -> bool:
+        """True when taints, nodeSelector and required affinity allow ``node``."""
+        return node_accepts(node, self.tolerations, self.node_selector, self.affinity)

@@ -1,0 +1,158 @@
+"""The immutable per-cycle view of the cluster, and what is free on each node.
+
+A :class:`Snapshot` holds only source facts (nodes, pods, gangs, queues, the time); usage and
+free capacity are derived by :meth:`Snapshot.node_states`, so a saved snapshot cannot disagree
+with itself. ``to_json``/``from_json`` round-trip exactly, for replaying a cycle offline.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from scheduler.cluster.codec import decode, encode
+from scheduler.cluster.gang import Gang
+from scheduler.cluster.node import GPU_MILLI, Node
+from scheduler.cluster.pod import Pod
+from scheduler.cluster.queue import Queue, QueueTree
+from scheduler.cluster.resources import GPU, Resources
+
+__all__ = ["NodeState", "Snapshot"]
+
+SNAPSHOT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """A node with what its bound pods already use.
+
+    ``gpu_free`` lists the free thousandths of each device, by device index.
+    """
+
+    node: Node
+    used: Resources
+    gpu_free: tuple[int, ...]
+
+    @property
+    def free(self) -> Resources:
+        """Allocatable minus used (may be negative if the node is overcommitted)."""
+        return self.node.allocatable - self.used
+
+    @property
+    def whole_free_gpus(self) -> int:
+        """Devices nobody uses at all."""
+        return sum(1 for f in self.gpu_free if f >= GPU_MILLI)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one scheduling cycle decides on."""
+
+    nodes: tuple[Node, ...] = ()
+    pods: tuple[Pod, ...] = ()
+    gangs: tuple[Gang, ...] = ()
+    queues: tuple[Queue, ...] = ()
+    #: Wall-clock (or simulated) seconds at which the snapshot was taken.
+    now: float = 0.0
+    version: int = field(default=SNAPSHOT_VERSION)
+
+    # --- derived views (cached; the snapshot is immutable) -------------------------------
+
+    @cached_property
+    def queue_tree(self) -> QueueTree:
+        """The queue hierarchy with its findings."""
+        return QueueTree.build(self.queues)
+
+    @cached_property
+    def node_by_name(self) -> dict[str, Node]:
+        """Nodes keyed by name."""
+        return {n.name: n for n in self.nodes}
+
+    @cached_property
+    def gang_by_key(self) -> dict[str, Gang]:
+        """Gangs keyed by ``namespace/name``."""
+        return {g.key: g for g in self.gangs}
+
+    @cached_property
+    def pods_by_gang(self) -> dict[str, list[Pod]]:
+        """Pods keyed by their gang key (pods without a gang are left out)."""
+        out: dict[str, list[Pod]] = defaultdict(list)
+        for p in self.pods:
+            if p.gang:
+                out[p.gang].append(p)
+        return dict(out)
+
+    def node_states(self) -> dict[str, NodeState]:
+        """Per node: resources used by active bound pods and free thousandths per GPU device.
+
+        Pods bound to a node that is not in the snapshot are ignored here (they hold nothing
+        the scheduler can give away). A whole-GPU pod bound without a recorded device grant
+        (e.g. placed by another scheduler) takes the lowest-indexed free devices, so device
+        accounting stays conservative.
+        """
+        used: dict[str, Resources] = {n.name: Resources() for n in self.nodes}
+        gpu_free: dict[str, list[int]] = {n.name: [GPU_MILLI] * n.gpu_count for n in self.nodes}
+        ungranted: list[Pod] = []
+        for p in self.pods:
+            if not p.bound or not p.active or p.node_name not in used:
+                continue
+            assert p.node_name is not None
+            used[p.node_name] = used[p.node_name] + p.requests
+            devices = gpu_free[p.node_name]
+            if p.gpu_grant:
+                for index, milli in p.gpu_grant:
+                    if 0 <= index < len(devices):
+                        devices[index] -= milli
+            elif p.requests[GPU] or p.gpu is not None:
+                ungranted.append(p)
+        for p in ungranted:
+            assert p.node_name is not None
+            devices = gpu_free[p.node_name]
+            node = self.node_by_name[p.node_name]
+            count = p.requests[GPU] or (p.gpu.count if p.gpu else 0)
+            share = None if p.requests[GPU] or p.gpu is None else p.gpu.milli_on(node)
+            milli = share or GPU_MILLI
+            for _ in range(count):
+                best = max(range(len(devices)), key=lambda i: devices[i], default=None)
+                if best is None:
+                    break
+                devices[best] -= milli
+        return {n.name: NodeState(n, used[n.name], tuple(gpu_free[n.name])) for n in self.nodes}
+
+    # --- JSON ----------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data."""
+        return {
+            "version": self.version,
+            "now": self.now,
+            "nodes": encode(self.nodes),
+            "pods": encode(self.pods),
+            "gangs": encode(self.gangs),
+            "queues": encode(self.queues),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Snapshot:
+        """Inverse of :meth:`to_dict`."""
+        if data.get("version", SNAPSHOT_VERSION) != SNAPSHOT_VERSION:
+            raise ValueError(f"snapshot version {data.get('version')} is not supported")
+        return cls(
+            nodes=decode(tuple[Node, ...], data.get("nodes", [])),
+            pods=decode(tuple[Pod, ...], data.get("pods", [])),
+            gangs=decode(tuple[Gang, ...], data.get("gangs", [])),
+            queues=decode(tuple[Queue, ...], data.get("queues", [])),
+            now=float(data.get("now", 0.0)),
+        )
+
+    def to_json(self) -> str:
+        """Serialise to a JSON string."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Snapshot:
+        """Parse :meth:`to_json` output."""
+        return cls.from_dict(json.loads(text))

@@ -1,0 +1,95 @@
+"""What the solver returns: per-pod assignments and per-gang outcomes.
+
+These types are the contract between the solver and everything after it (commit, status,
+simulation). Every :class:`Placement` that leaves the solver package has passed the
+independent validator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal
+
+__all__ = [
+    "GangOutcome",
+    "Placement",
+    "PlacementSettings",
+    "PodAssignment",
+    "SolveStatus",
+    "Strategy",
+]
+
+Strategy = Literal["binpack", "spread"]
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementSettings:
+    """How a cycle places work. GPU and CPU strategies are chosen separately, as KAI does."""
+
+    #: binpack: fill partly used nodes/devices first; spread: prefer the emptiest.
+    gpu_strategy: Strategy = "binpack"
+    #: The same choice for nodes without GPU work (CPU-only pods).
+    cpu_strategy: Strategy = "binpack"
+    #: Wall-clock budget for CP-SAT per cycle; the greedy answer is used if time runs out.
+    time_limit_seconds: float = 0.5
+    #: CP-SAT worker threads (the machine has 2 cores; the event loop needs some room).
+    workers: int = 2
+    #: Skip CP-SAT entirely and return the greedy placement (benchmarks and tiny cycles).
+    greedy_only: bool = False
+
+
+class SolveStatus(StrEnum):
+    """Which engine produced the placement and how sure it is."""
+
+    OPTIMAL = "OPTIMAL"  # CP-SAT proved it optimal
+    FEASIBLE = "FEASIBLE"  # CP-SAT improved on greedy but did not prove optimality
+    GREEDY = "GREEDY"  # the greedy pass's answer (CP-SAT skipped, failed or was not better)
+    EMPTY = "EMPTY"  # nothing to place
+
+
+@dataclass(frozen=True, slots=True)
+class PodAssignment:
+    """One pod to bind: the node and, for GPU pods, device index -> thousandths."""
+
+    pod_uid: str
+    pod_key: str
+    gang: str
+    node: str
+    gpu_grant: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GangOutcome:
+    """The decision for one pending gang in this cycle.
+
+    ``reason``/``reason_code`` are empty when the gang was placed; otherwise they say why it
+    waits in words a user can act on (filled by :mod:`scheduler.explain`).
+    """
+
+    gang: str
+    queue: str
+    placed: bool
+    #: Pods placed for this gang (min_member or more when placed; empty otherwise).
+    pods: tuple[PodAssignment, ...] = ()
+    reason_code: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The whole result of one solve."""
+
+    assignments: tuple[PodAssignment, ...] = ()
+    outcomes: dict[str, GangOutcome] = field(default_factory=dict)
+    status: SolveStatus = SolveStatus.EMPTY
+    #: Objective of the returned placement, of the greedy placement, and CP-SAT's best bound
+    #: (all in the same integer scale; see scheduler.solver.objective for its terms).
+    objective: int = 0
+    greedy_objective: int = 0
+    best_bound: int = 0
+    solve_seconds: float = 0.0
+    build_seconds: float = 0.0
+    #: Problems the validator found (empty = valid). A non-empty list never leaves the solver:
+    #: it falls back to greedy, and to nothing if greedy is invalid too.
+    violations: tuple[str, ...] = ()

@@ -1,0 +1,3 @@
+"""Shared pytest configuration: the real control plane fixtures from testenv."""
+
+pytest_plugins = ["testenv.pytest_plugin"]
