@@ -188,8 +188,7 @@ class ControlPlane:
         self._wait(
             deadline,
             "ServiceAccount default/default",
-            lambda: self._api_get("/api/v1/namespaces/default/serviceaccounts/default")
-            is not None,
+            lambda: self._api_get("/api/v1/namespaces/default/serviceaccounts/default") is not None,
         )
 
     def stop(self, *, keep_work: bool = False) -> None:
@@ -457,9 +456,7 @@ class ControlPlane:
             env[var] = str(self._work / "helm" / sub)
         env["KUBECONFIG"] = str(kubeconfig or self.kubeconfig)
         argv = [str(self.bin_dir / "helm"), f"--kubeconfig={kubeconfig or self.kubeconfig}"]
-        return self._run(
-            "helm", [*argv, *args], input=input, check=check, timeout=timeout, env=env
-        )
+        return self._run("helm", [*argv, *args], input=input, check=check, timeout=timeout, env=env)
 
     def service_account_token(self, namespace: str, name: str) -> str:
         """A fresh token for ServiceAccount namespace/name (TokenRequest API)."""
@@ -476,8 +473,7 @@ class ControlPlane:
     def log_tail(self, lines: int = 40) -> str:
         """The last `lines` lines of each component's log, one section per component."""
         parts = [
-            f"==> {c.name} ({c.log_path}) <==\n{_tail(c.log_path, lines)}"
-            for c in self._components
+            f"==> {c.name} ({c.log_path}) <==\n{_tail(c.log_path, lines)}" for c in self._components
         ]
         return "\n".join(parts) if parts else f"(no component started; logs in {self.log_dir})"
 

@@ -20,6 +20,7 @@ from testenv.controlplane import ControlPlane
 __all__ = ["control_plane", "make_gpu_nodes", "namespace"]
 
 _active: list[ControlPlane] = []
+_started: list[ControlPlane] = []
 
 
 @pytest.fixture(scope="session")
@@ -30,6 +31,7 @@ def control_plane() -> Generator[ControlPlane, None, None]:
     _active.append(cp)
     try:
         cp.start()
+        _started.append(cp)
         yield cp
     finally:
         cp.stop()
@@ -41,7 +43,9 @@ def _slug(text: str, limit: int) -> str:
 
 
 @pytest.fixture
-def namespace(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Generator[str, None, None]:
+def namespace(
+    control_plane: ControlPlane, request: pytest.FixtureRequest
+) -> Generator[str, None, None]:
     """A fresh namespace (with its ``default`` ServiceAccount ready), deleted after the test."""
     name = f"t-{_slug(request.node.name, 40)}-{uuid.uuid4().hex[:6]}"
     control_plane.kubectl("create", "namespace", name)
@@ -99,7 +103,9 @@ def make_gpu_nodes(
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[Any, Any, None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[Any, Any, None]:
     """Attach the control plane's log tails to the report of a failed test that used it."""
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
@@ -115,3 +121,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     """Last resort: never leave a control plane running when pytest ends."""
     for cp in list(_active):
         cp.stop()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say how long the session's control plane took to start and where its logs are."""
+    for cp in _started:
+        terminalreporter.write_line(
+            f"testenv: control plane started in {cp.startup_seconds:.1f}s; logs in {cp.log_dir}"
+        )

@@ -88,7 +88,9 @@ def to_int_units(value: str | int | float | Fraction) -> int:
 
 def format_milli(milli: int) -> str:
     """Render thousandths compactly for messages: 1500 -> ``"1.5"``, 250 -> ``"0.25"``."""
-    whole, rest = divmod(milli, 1000)
+    # Exact decimal digits: float formatting would round 1234567 to "1234.57".
+    sign = "-" if milli < 0 else ""
+    whole, rest = divmod(abs(milli), 1000)
     if rest == 0:
-        return str(whole)
-    return f"{milli / 1000:g}"
+        return f"{sign}{whole}"
+    return f"{sign}{whole}.{rest:03d}".rstrip("0")

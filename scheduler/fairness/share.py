@@ -173,11 +173,12 @@ def split_share(total: int, claims: Iterable[_Claim]) -> dict[str, int]:
         by_priority[c.priority].append(c)
     levels = sorted(by_priority, reverse=True)
     for prio in levels:
-        want = {c.name: c.cap if c.quota == UNLIMITED else min(c.quota, c.cap) for c in by_priority[prio]}
-        if sum(want.values()) <= left:
-            got = want
-        else:
-            got = water_fill(left, want, want)
+        want = {
+            c.name: c.cap if c.quota == UNLIMITED else min(c.quota, c.cap)
+            for c in by_priority[prio]
+        }
+        # Weighting by the amount deserved: all get it in full when it fits, else pro rata.
+        got = water_fill(left, want, want)
         for n, v in got.items():
             given[n] += v
             left -= v
@@ -227,17 +228,16 @@ def _fair_shares(
 
 
 def _demand(tree: QueueTree, usage: QueueUsage) -> dict[str, dict[str, int]]:
-    """Leaf demand = held + pending asks; parent demand = sum of its children (healthy only)."""
+    """Leaf demand = held + pending asks; parent demand = its children's plus what it holds
+    itself (pods wrongly submitted to a parent still occupy the cluster)."""
     out: dict[str, dict[str, int]] = {}
 
     def visit(name: str) -> dict[str, int]:
         kids = tree.children(name)
         if not kids:
-            d = {
-                r: usage.allocated[name][r] + usage.pending[name][r] for r in QUEUE_RESOURCES
-            }
+            d = {r: usage.allocated[name][r] + usage.pending[name][r] for r in QUEUE_RESOURCES}
         else:
-            d = _zeros()
+            d = dict(usage.allocated[name])
             for k in kids:
                 kd = visit(k)
                 for r in QUEUE_RESOURCES:
@@ -264,10 +264,11 @@ def compute_fair_shares(snapshot: Snapshot) -> FairShareReport:
         kids = tuple(tree.children(name)) if healthy else ()
         if kids:
             allocated, requested = _zeros(), _zeros()
-            for k in _leaves_under(tree, name):
+            for k in _subtree(tree, name):
+                leaf = not tree.children(k)
                 for r in QUEUE_RESOURCES:
                     allocated[r] += usage.allocated[k][r]
-                    requested[r] += usage.allocated[k][r] + usage.pending[k][r]
+                    requested[r] += usage.allocated[k][r] + (usage.pending[k][r] if leaf else 0)
         else:
             allocated = dict(usage.allocated[name])
             requested = {
@@ -295,14 +296,12 @@ def compute_fair_shares(snapshot: Snapshot) -> FairShareReport:
     )
 
 
-def _leaves_under(tree: QueueTree, name: str) -> list[str]:
+def _subtree(tree: QueueTree, name: str) -> list[str]:
+    """``name`` and every queue below it (only called on healthy queues: no cycles)."""
     out: list[str] = []
     stack = [name]
     while stack:
         n = stack.pop()
-        kids = tree.children(n)
-        if kids:
-            stack.extend(kids)
-        else:
-            out.append(n)
+        out.append(n)
+        stack.extend(tree.children(n))
     return out

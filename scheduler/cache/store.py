@@ -1,0 +1,413 @@
+"""The scheduler's in-memory view of the cluster, fed by watch events.
+
+:class:`Cache` keeps the latest API object of every watched kind, parsed once on arrival, and
+hands out an immutable :class:`Snapshot` per cycle. Pods the scheduler has just bound are
+*assumed*: counted as bound (with their GPU grant) before the watch reports them, *confirmed*
+when the watch shows them bound, *forgotten* when their bind fails, and expire if never
+confirmed within ``assume_ttl`` seconds::
+
+    pending --assume--> assumed --watch shows bound--> bound (confirmed)
+                           |--forget / TTL expiry--> pending
+
+Bad input never raises: an object the scheduler cannot read is left out of scheduling and
+reported by :meth:`Cache.problems`; a bound pod still occupies its node as far as it can be read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from scheduler.cache.grants import (
+    GPU_GRANT_ANNOTATION,
+    GpuGrant,
+    GrantError,
+    normalize_grant,
+    parse_gpu_grant,
+)
+from scheduler.cache.nodespec import node_from_k8s
+from scheduler.cache.problems import Problem
+from scheduler.cache.resolve import PodRecord, Resolution, resolve
+from scheduler.cluster.node import Node
+from scheduler.cluster.podspec import (
+    GANG_ANNOTATIONS,
+    PodSpecError,
+    effective_requests,
+    pod_from_k8s,
+)
+from scheduler.cluster.queue import Queue
+from scheduler.cluster.queuespec import SpecError, queue_from_k8s
+from scheduler.cluster.snapshot import Snapshot
+from scheduler.k8s.resources import KINDS, WATCHED_KINDS
+
+__all__ = ["DEFAULT_ASSUME_TTL", "EVENT_TYPES", "Cache"]
+
+log = structlog.get_logger("scheduler.cache")
+
+#: Seconds an assumed pod counts as bound without the watch confirming it.
+DEFAULT_ASSUME_TTL = 30.0
+EVENT_TYPES = ("ADDED", "MODIFIED", "DELETED")
+
+
+@dataclass(frozen=True, slots=True)
+class _Assumption:
+    node: str
+    grant: GpuGrant
+    deadline: float
+
+
+def _key(namespace: str, name: str) -> str:
+    return f"{namespace}/{name}" if namespace else name
+
+
+def _strip(obj: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """A shallow copy without managedFields (large, never read), with kind/apiVersion set."""
+    out = dict(obj)
+    meta = out.get("metadata")
+    if isinstance(meta, Mapping) and "managedFields" in meta:
+        out["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+    rk = KINDS[kind]
+    out.setdefault("kind", rk.kind)
+    out.setdefault("apiVersion", rk.api_version)
+    return out
+
+
+class Cache:
+    """Watch events in, :class:`Snapshot` out (see the module docstring).
+
+    ``scheduler_name`` decides which pods are ``managed``; ``default_queue`` is the queue of
+    pods and PodGroups that name none; ``clock`` gives wall-clock seconds (tests pass a fake).
+    Not thread-safe: use it from the event loop only.
+    """
+
+    def __init__(
+        self,
+        scheduler_name: str,
+        default_queue: str = "default-queue",
+        clock: Callable[[], float] = time.time,
+        *,
+        assume_ttl: float = DEFAULT_ASSUME_TTL,
+    ) -> None:
+        self.scheduler_name = scheduler_name
+        self.default_queue = default_queue
+        self.assume_ttl = assume_ttl
+        self._clock = clock
+        self._raw: dict[str, dict[str, dict[str, Any]]] = {k: {} for k in WATCHED_KINDS}
+        self._pods: dict[str, PodRecord] = {}  # by uid
+        self._pod_uid: dict[str, str] = {}  # namespace/name -> uid
+        self._nodes: dict[str, Node] = {}
+        self._queues: dict[str, Queue] = {}
+        self._priorities: dict[str, int] = {}
+        self._parse_problems: dict[tuple[str, str], Problem] = {}  # (kind, key), nodes/queues
+        self._assumed: dict[str, _Assumption] = {}
+        #: Grants of pods we bound, until the watch shows their annotation: uid -> (node, grant)
+        self._grants: dict[str, tuple[str, GpuGrant]] = {}
+        self._generation = 0
+        self._resolved: tuple[int, Resolution] | None = None
+        self.pending_changed = asyncio.Event()
+        """Set whenever something changed that may let a pending pod be placed (new pending
+        pod, freed capacity, node/queue/PodGroup change, a forgotten or expired assumption).
+        The runner clears it before a cycle and waits on it (debounced) for the next one."""
+
+    # --- events ------------------------------------------------------------------------
+
+    @property
+    def generation(self) -> int:
+        """Increases whenever the scheduling view changes (status-only updates do not count)."""
+        return self._generation
+
+    def _changed(self) -> None:
+        self._generation += 1
+        self.pending_changed.set()
+
+    def apply(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
+        """Apply one watch event (``ADDED``/``MODIFIED``/``DELETED``) of ``kind``.
+
+        ``obj`` is the object in its API JSON form. Never raises for bad objects: they become
+        problems. An unknown kind or event type is logged and ignored.
+        """
+        if kind not in self._raw or event_type not in EVENT_TYPES:
+            log.warning("cache_event_ignored", kind=kind, event_type=event_type)
+            return
+        meta = obj.get("metadata") or {}
+        key = _key(meta.get("namespace") or "", meta.get("name") or "")
+        try:
+            if event_type == "DELETED":
+                self._delete(kind, key, obj)
+            else:
+                self._upsert(kind, key, _strip(obj, kind))
+        except Exception:
+            # A bug here must not stop the watch; the object is left as it was.
+            log.exception("cache_apply_failed", kind=kind, key=key, event_type=event_type)
+
+    def relisted(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> None:
+        """Replace every object of ``kind`` with the result of a fresh list."""
+        seen: set[str] = set()
+        for obj in objs:
+            meta = obj.get("metadata") or {}
+            seen.add(_key(meta.get("namespace") or "", meta.get("name") or ""))
+            self.apply(kind, "MODIFIED", obj)
+        for key in [k for k in self._raw.get(kind, {}) if k not in seen]:
+            self.apply(kind, "DELETED", self._raw[kind][key])
+
+    def _upsert(self, kind: str, key: str, obj: dict[str, Any]) -> None:
+        old = self._raw[kind].get(key)
+        self._raw[kind][key] = obj
+        if kind == "Pod":
+            self._upsert_pod(key, obj)
+        elif kind == "Node":
+            self._upsert_parsed(kind, key, obj, self._nodes, node_from_k8s)
+        elif kind == "Queue":
+            self._upsert_parsed(kind, key, obj, self._queues, queue_from_k8s)
+        elif kind == "PodGroup":
+            if old is None or _gang_facts(old) != _gang_facts(obj):
+                self._changed()
+        elif kind == "PriorityClass":
+            value = obj.get("value")
+            if isinstance(value, int) and self._priorities.get(key) != value:
+                self._priorities[key] = value
+                self._changed()
+
+    def _delete(self, kind: str, key: str, obj: Mapping[str, Any]) -> None:
+        if kind == "Pod":
+            uid = (obj.get("metadata") or {}).get("uid") or self._pod_uid.get(key, "")
+            self._drop_pod(uid, key)
+            return
+        if self._raw[kind].pop(key, None) is None:
+            return
+        self._parse_problems.pop((kind, key), None)
+        if kind == "Node":
+            self._nodes.pop(key, None)
+        elif kind == "Queue":
+            self._queues.pop(key, None)
+        elif kind == "PriorityClass":
+            self._priorities.pop(key, None)
+        self._changed()
+
+    def _upsert_parsed(
+        self,
+        kind: str,
+        key: str,
+        obj: Mapping[str, Any],
+        store: dict[str, Any],
+        parse: Callable[[Mapping[str, Any]], Any],
+    ) -> None:
+        try:
+            value = parse(obj)
+        except SpecError as e:
+            meta = obj.get("metadata") or {}
+            problem = Problem(
+                kind, "", key, e.field, e.message, meta.get("uid", ""), KINDS[kind].api_version
+            )
+            if self._parse_problems.get((kind, key)) != problem or key in store:
+                log.warning("object_skipped", kind=kind, name=key, field=e.field, error=e.message)
+                self._parse_problems[(kind, key)] = problem
+                store.pop(key, None)
+                self._changed()
+            return
+        had_problem = self._parse_problems.pop((kind, key), None) is not None
+        if store.get(key) != value or had_problem:
+            store[key] = value
+            self._changed()
+
+    # --- pods --------------------------------------------------------------------------
+
+    def _drop_pod(self, uid: str, key: str) -> None:
+        if self._pod_uid.get(key) == uid:
+            del self._pod_uid[key]
+            self._raw["Pod"].pop(key, None)
+        self._assumed.pop(uid, None)
+        self._grants.pop(uid, None)
+        if self._pods.pop(uid, None) is not None:
+            self._changed()
+
+    def _upsert_pod(self, key: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        uid = meta.get("uid") or key
+        previous_uid = self._pod_uid.get(key)
+        if previous_uid is not None and previous_uid != uid:
+            # Deleted and re-created under the same name while we were not watching.
+            raw = self._raw["Pod"][key]
+            self._drop_pod(previous_uid, key)
+            self._raw["Pod"][key] = raw
+        self._pod_uid[key] = uid
+        record = self._parse_pod(uid, obj)
+        pod = record.pod
+        if pod is not None and pod.node_name is not None:
+            assumption = self._assumed.pop(uid, None)
+            if assumption is not None:
+                log.debug("pod_confirmed", pod=key, node=pod.node_name)
+                if assumption.node != pod.node_name:
+                    log.warning(
+                        "pod_bound_elsewhere", pod=key, node=pod.node_name, assumed=assumption.node
+                    )
+            grant = self._grants.get(uid)
+            if pod.gpu_grant or (grant is not None and grant[0] != pod.node_name):
+                self._grants.pop(uid, None)
+        if self._pods.get(uid) != record:
+            self._pods[uid] = record
+            self._changed()
+
+    def _parse_pod(self, uid: str, obj: Mapping[str, Any]) -> PodRecord:
+        meta = obj.get("metadata") or {}
+        spec = obj.get("spec") or {}
+        namespace, name = meta.get("namespace") or "", meta.get("name") or ""
+        annotations = meta.get("annotations") or {}
+        group_annotation = next((a for a in GANG_ANNOTATIONS if annotations.get(a)), "")
+        node_name = spec.get("nodeName") or None
+        managed = spec.get("schedulerName") == self.scheduler_name
+        problem: Problem | None = None
+        pod = None
+        try:
+            # Parse as if unbound so a bad spec is reported for bound pods too.
+            probe = {**obj, "spec": {**spec, "nodeName": None}} if node_name else obj
+            pod = pod_from_k8s(
+                probe, scheduler_name=self.scheduler_name, default_queue=self.default_queue
+            )
+            if node_name:
+                pod = dataclasses.replace(pod, node_name=node_name)
+        except PodSpecError as e:
+            problem = self._pod_problem(uid, namespace, name, e.field, e.message)
+            if node_name:
+                pod = self._bound_fallback(obj)
+        raw_grant = annotations.get(GPU_GRANT_ANNOTATION)
+        if pod is not None and raw_grant is not None:
+            try:
+                pod = dataclasses.replace(pod, gpu_grant=parse_gpu_grant(str(raw_grant)))
+            except GrantError as e:
+                problem = problem or self._pod_problem(
+                    uid, namespace, name, f"metadata.annotations[{GPU_GRANT_ANNOTATION}]", str(e)
+                )
+        return PodRecord(
+            uid=uid,
+            namespace=namespace,
+            name=name,
+            pod=pod,
+            group=str(annotations.get(group_annotation, "")) if group_annotation else "",
+            group_annotation=group_annotation,
+            priority_class=str(spec.get("priorityClassName") or ""),
+            has_priority=spec.get("priority") is not None,
+            problem=problem if managed else None,
+        )
+
+    def _pod_problem(self, uid: str, namespace: str, name: str, field: str, msg: str) -> Problem:
+        return Problem("Pod", namespace, name, field, msg, uid, KINDS["Pod"].api_version)
+
+    def _bound_fallback(self, obj: Mapping[str, Any]) -> Any:
+        """A bound pod with an unreadable spec: keep the requests we can still compute."""
+        pod = pod_from_k8s(
+            obj, scheduler_name=self.scheduler_name, default_queue=self.default_queue
+        )
+        try:
+            return dataclasses.replace(pod, requests=effective_requests(obj.get("spec") or {}))
+        except PodSpecError:
+            return pod
+
+    # --- assume / confirm / forget -----------------------------------------------------
+
+    def assume(
+        self,
+        pod_uid: str,
+        node: str,
+        gpu_grant: Mapping[int, int] | Iterable[tuple[int, int]] = (),
+    ) -> None:
+        """Count ``pod_uid`` as bound to ``node`` (with its device grant) until the watch
+        confirms it, :meth:`forget` is called, or ``assume_ttl`` passes."""
+        grant = normalize_grant(gpu_grant)
+        self._assumed[pod_uid] = _Assumption(node, grant, self._clock() + self.assume_ttl)
+        if grant:
+            self._grants[pod_uid] = (node, grant)
+        self._generation += 1  # capacity shrank: no new pending work, so no trigger
+
+    def forget(self, pod_uid: str) -> None:
+        """Undo :meth:`assume` after a failed bind: the pod is pending again, its GPUs free."""
+        assumption = self._assumed.pop(pod_uid, None)
+        record = self._pods.get(pod_uid)
+        if record is None or record.pod is None or record.pod.node_name is None:
+            self._grants.pop(pod_uid, None)
+        if assumption is not None:
+            self._changed()
+
+    def assumed(self) -> dict[str, str]:
+        """Pods assumed but not yet confirmed: uid -> node."""
+        return {uid: a.node for uid, a in self._assumed.items()}
+
+    def _expire(self, now: float) -> None:
+        for uid, a in list(self._assumed.items()):
+            if a.deadline <= now:
+                record = self._pods.get(uid)
+                log.warning(
+                    "assumed_pod_expired",
+                    pod=f"{record.namespace}/{record.name}" if record else uid,
+                    node=a.node,
+                    ttl=self.assume_ttl,
+                )
+                self.forget(uid)
+
+    # --- reading -----------------------------------------------------------------------
+
+    def _resolve(self) -> Resolution:
+        if self._resolved is not None and self._resolved[0] == self._generation:
+            return self._resolved[1]
+        overlay = dict(self._grants)
+        overlay.update({uid: (a.node, a.grant) for uid, a in self._assumed.items()})
+        resolution = resolve(
+            self._pods.values(),
+            self._raw["PodGroup"],
+            default_queue=self.default_queue,
+            priorities=self._priorities,
+            overlay=overlay,
+        )
+        self._resolved = (self._generation, resolution)
+        return resolution
+
+    def snapshot(self, now: float | None = None) -> Snapshot:
+        """An immutable view for one cycle, assumed pods counted as bound."""
+        now = self._clock() if now is None else now
+        self._expire(now)
+        resolution = self._resolve()
+        return Snapshot(
+            nodes=tuple(self._nodes[k] for k in sorted(self._nodes)),
+            pods=resolution.pods,
+            gangs=resolution.gangs,
+            queues=tuple(self._queues[k] for k in sorted(self._queues)),
+            now=now,
+        )
+
+    def problems(self) -> list[Problem]:
+        """Everything currently skipped and why: unreadable pods, nodes, queues, PodGroups,
+        and pending pods whose PodGroup is missing or invalid."""
+        parse = [self._parse_problems[k] for k in sorted(self._parse_problems)]
+        return parse + list(self._resolve().problems)
+
+    def raw(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The latest API object (JSON form, without managedFields), or None if unknown.
+
+        ``namespace`` is ignored for cluster-scoped kinds. Do not modify the result.
+        """
+        store = self._raw.get(kind)
+        if store is None:
+            return None
+        if kind in ("Node", "Queue", "PriorityClass"):
+            return store.get(name)
+        return store.get(_key(namespace, name))
+
+    def objects(self, kind: str) -> list[dict[str, Any]]:
+        """Every stored object of ``kind`` (for status writers and debugging)."""
+        return list(self._raw.get(kind, {}).values())
+
+    def counts(self) -> dict[str, int]:
+        """Number of stored objects per kind (for metrics)."""
+        return {kind: len(objs) for kind, objs in self._raw.items()}
+
+
+def _gang_facts(obj: Mapping[str, Any]) -> tuple[Any, Any]:
+    """What of a PodGroup affects scheduling (status writes by us do not)."""
+    meta = obj.get("metadata") or {}
+    return obj.get("spec"), meta.get("creationTimestamp")

@@ -1,0 +1,234 @@
+"""Telling users why: pod conditions and Events, PodGroup status, Queue status, problems.
+
+- A pod that waits gets ``PodScheduled=False, reason=Unschedulable`` (what Cluster Autoscaler
+  and Karpenter look for) and a rate-limited ``FailedScheduling`` Event whose message is the
+  gang's real cause from :class:`GangOutcome.reason`.
+- A bound pod gets a ``Scheduled`` Event (the API server sets ``PodScheduled=True`` itself).
+- A PodGroup gets its phase, member counts and a condition with the same reason.
+- A Queue gets ``allocated``, ``requested`` and ``fairShare`` per resource in the CRD's units.
+- An object the cache could not read (:class:`scheduler.cache.problems.Problem`) gets a
+  Warning Event naming the field and the fix.
+
+Writes happen only when something changed since the last write by this replica, so a steady
+cluster costs no API calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Iterable, Mapping
+from typing import Any
+
+import structlog
+
+from scheduler.cache.problems import Problem
+from scheduler.cluster.gang import Gang
+from scheduler.cluster.pod import Pod, PodPhase
+from scheduler.cluster.queue import QUEUE_RESOURCES
+from scheduler.cluster.snapshot import Snapshot
+from scheduler.commit.staleness import gang_progress
+from scheduler.commit.transaction import GangCommit
+from scheduler.fairness import FairShareReport
+from scheduler.k8s.errors import KubeError, NotFound
+from scheduler.k8s.resources import PODGROUP, QUEUE
+from scheduler.k8s.writer import ObjectRef, Writer, now_rfc3339
+from scheduler.metrics import queue_units
+from scheduler.solver.placement import GangOutcome
+
+__all__ = ["StatusPublisher", "crd_quantity", "pod_ref", "queue_status_body"]
+
+log = structlog.get_logger("scheduler.commit.status")
+
+
+def crd_quantity(resource: str, amount: int) -> int | str:
+    """Scheduler units to the CRD's (gpu devices, cpu millicores, memory MB), int when whole."""
+    value = queue_units(resource, amount)
+    if float(value).is_integer():
+        return int(value)
+    return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
+def queue_status_body(report: FairShareReport, name: str) -> dict[str, Any]:
+    """The ``status`` of Queue ``name`` from this cycle's fair-share report."""
+    q = report.queues[name]
+    return {
+        "allocated": {r: crd_quantity(r, q.allocated.get(r, 0)) for r in QUEUE_RESOURCES},
+        "requested": {r: crd_quantity(r, q.requested.get(r, 0)) for r in QUEUE_RESOURCES},
+        "fairShare": {r: crd_quantity(r, q.fair_share.get(r, 0)) for r in QUEUE_RESOURCES},
+        "childQueues": list(getattr(q, "children", ()) or ()),
+    }
+
+
+def pod_ref(pod: Pod) -> ObjectRef:
+    """The Event target for a pod."""
+    return ObjectRef("Pod", "v1", pod.name, pod.namespace, pod.uid)
+
+
+def _podgroup_body(gang: Gang, pods: list[Pod], outcome: GangOutcome | None) -> dict[str, Any]:
+    bound, counted = gang_progress(gang, pods)
+    running = sum(1 for p in bound if p.phase == PodPhase.RUNNING)
+    body: dict[str, Any] = {
+        "running": running,
+        "pending": sum(1 for p in pods if p.pending or (p.bound and p.phase == PodPhase.PENDING)),
+        "succeeded": sum(1 for p in pods if p.phase == PodPhase.SUCCEEDED),
+        "failed": sum(1 for p in pods if p.phase == PodPhase.FAILED),
+    }
+    if counted >= gang.min_member:
+        body["phase"] = "Running"
+        condition = {"type": "Unschedulable", "status": "False", "reason": "Scheduled",
+                     "message": f"{counted}/{gang.min_member} pods placed"}  # fmt: skip
+        body["schedulingConditions"] = []
+    elif outcome is not None and not outcome.placed:
+        body["phase"] = "Unschedulable"
+        reason = outcome.reason_code or "Unschedulable"
+        message = outcome.reason or "the gang cannot be placed now"
+        condition = {"type": "Unschedulable", "status": "True", "reason": reason,
+                     "message": message}  # fmt: skip
+        body["schedulingConditions"] = [
+            {"type": "UnschedulableOnNodePool", "nodePool": "default", "status": "True",
+             "reason": reason, "message": message,
+             "reasons": [{"reason": reason, "message": message}]}
+        ]  # fmt: skip
+    else:
+        body["phase"] = "Pending"
+        condition = {"type": "Unschedulable", "status": "False", "reason": "Pending",
+                     "message": f"{counted}/{gang.min_member} pods placed"}  # fmt: skip
+        body["schedulingConditions"] = []
+    body["conditions"] = [condition]
+    return body
+
+
+def _stamped(body: dict[str, Any]) -> dict[str, Any]:
+    now = now_rfc3339()
+    out = dict(body)
+    out["conditions"] = [{**c, "lastTransitionTime": now} for c in body["conditions"]]
+    out["schedulingConditions"] = [
+        {**c, "lastTransitionTime": now} for c in body["schedulingConditions"]
+    ]
+    return out
+
+
+class StatusPublisher:
+    """Writes what users see; remembers what it wrote to skip unchanged writes."""
+
+    def __init__(self, writer: Writer, *, concurrency: int = 16) -> None:
+        self.writer = writer
+        self._slots = asyncio.Semaphore(concurrency)
+        self._pod_message: dict[str, str] = {}
+        self._podgroup: dict[str, dict[str, Any]] = {}
+        self._queue: dict[str, dict[str, Any]] = {}
+
+    async def _limited(self, call: Awaitable[Any], what: str) -> None:
+        async with self._slots:
+            try:
+                await call
+            except NotFound:
+                pass  # the object went away meanwhile; nothing to tell
+            except KubeError as e:
+                log.warning("status_write_failed", object=what, error=e.message)
+
+    async def publish(
+        self,
+        snapshot: Snapshot,
+        outcomes: Mapping[str, GangOutcome],
+        commits: Mapping[str, GangCommit],
+        report: FairShareReport,
+        problems: Iterable[Problem],
+        cycle: int = 0,
+    ) -> None:
+        """Write every change of this cycle (errors are logged, never raised)."""
+        calls: list[Awaitable[None]] = []
+        calls += self._pods(snapshot, outcomes, commits)
+        calls += self._podgroups(snapshot, outcomes)
+        calls += self._queues(snapshot, report)
+        calls += [self._problem(p) for p in problems]
+        if calls:
+            await asyncio.gather(*calls)
+
+    def _pods(
+        self,
+        snapshot: Snapshot,
+        outcomes: Mapping[str, GangOutcome],
+        commits: Mapping[str, GangCommit],
+    ) -> list[Awaitable[None]]:
+        calls: list[Awaitable[None]] = []
+        by_key = {p.key: p for p in snapshot.pods}
+        for commit in commits.values():
+            for a in commit.bound:
+                pod = by_key.get(a.pod_key)
+                if pod is None:
+                    continue
+                self._pod_message.pop(pod.uid, None)
+                calls.append(self._limited(self.writer.event(
+                    pod_ref(pod), "Scheduled",
+                    f"Successfully assigned {pod.key} to {a.node}"), pod.key))  # fmt: skip
+            for a, error in commit.failed:
+                pod = by_key.get(a.pod_key)
+                if pod is not None and error:
+                    calls.append(self._wait_reason(pod, f"binding to {a.node} failed: {error}"))
+        for key, outcome in outcomes.items():
+            if outcome.placed:
+                continue
+            message = outcome.reason or "waiting for resources"
+            for pod in snapshot.pods_by_gang.get(key, ()):
+                if pod.pending:
+                    calls.append(self._wait_reason(pod, message))
+        pending_uids = {p.uid for p in snapshot.pods if p.pending}
+        for uid in [u for u in self._pod_message if u not in pending_uids]:
+            del self._pod_message[uid]
+        return calls
+
+    async def _wait_reason(self, pod: Pod, message: str) -> None:
+        if self._pod_message.get(pod.uid) != message:
+            self._pod_message[pod.uid] = message
+            await self._limited(
+                self.writer.set_unschedulable(pod.namespace, pod.name, message), pod.key
+            )
+        await self._limited(
+            self.writer.event(pod_ref(pod), "FailedScheduling", message, warning=True), pod.key
+        )
+
+    def _podgroups(
+        self, snapshot: Snapshot, outcomes: Mapping[str, GangOutcome]
+    ) -> list[Awaitable[None]]:
+        calls: list[Awaitable[None]] = []
+        for gang in snapshot.gangs:
+            if gang.implicit:
+                continue
+            pods = snapshot.pods_by_gang.get(gang.key, [])
+            body = _podgroup_body(gang, pods, outcomes.get(gang.key))
+            if self._podgroup.get(gang.key) == body:
+                continue
+            self._podgroup[gang.key] = body
+            calls.append(self._limited(
+                self.writer.patch_podgroup_status(gang.namespace, gang.name, _stamped(body)),
+                f"{PODGROUP.kind}/{gang.key}"))  # fmt: skip
+            if body["phase"] == "Unschedulable":
+                ref = ObjectRef(PODGROUP.kind, PODGROUP.api_version, gang.name, gang.namespace)
+                message = body["conditions"][0]["message"]
+                calls.append(self._limited(
+                    self.writer.event(ref, "Unschedulable", message, warning=True),
+                    gang.key))  # fmt: skip
+        return calls
+
+    def _queues(self, snapshot: Snapshot, report: FairShareReport) -> list[Awaitable[None]]:
+        calls: list[Awaitable[None]] = []
+        for queue in snapshot.queues:
+            if queue.name not in report.queues:
+                continue
+            body = queue_status_body(report, queue.name)
+            if self._queue.get(queue.name) == body:
+                continue
+            self._queue[queue.name] = body
+            calls.append(self._limited(self.writer.patch_queue_status(queue.name, body),
+                                       f"{QUEUE.kind}/{queue.name}"))  # fmt: skip
+        return calls
+
+    async def _problem(self, problem: Problem) -> None:
+        ref = ObjectRef(problem.kind, problem.api_version or "v1", problem.name,
+                        problem.namespace, problem.uid)  # fmt: skip
+        await self._limited(
+            self.writer.event(ref, problem.reason or "InvalidSpec", problem.describe(),
+                              warning=True),
+            f"{problem.kind}/{problem.key}",
+        )  # fmt: skip

@@ -1,0 +1,242 @@
+"""Scheduler settings: the YAML config file (``--config``) and the command-line flags.
+
+Settings are dataclasses grouped by concern. The config file uses the camelCase keys of the
+shipped ConfigMap (``manifests/30-configmap.yaml``)::
+
+    placement: {gpu: binpack, cpu: spread}
+    cyclePeriod: 1s
+    solverTimeLimit: 0.5s
+    defaultQueue: default-queue
+    stalenessGracePeriod: 60s
+
+An unknown key, a wrong type or a bad value raises :class:`ConfigError` naming the key and what
+to write instead, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, cast
+
+import yaml
+
+from scheduler.cluster.queuespec import SpecError, parse_duration
+from scheduler.solver.placement import PlacementSettings, Strategy
+
+__all__ = [
+    "ConfigError",
+    "LeaderElectionSettings",
+    "SchedulerConfig",
+    "ServiceSettings",
+    "load_config",
+    "parse_config",
+]
+
+_STRATEGIES: tuple[Strategy, ...] = ("binpack", "spread")
+
+
+class ConfigError(ValueError):
+    """The config file (or a flag) has a value the scheduler cannot use."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.message = message
+
+
+@dataclass(frozen=True)
+class LeaderElectionSettings:
+    """Timing and identity of the coordination.k8s.io Lease used for leader election."""
+
+    #: Name of the Lease object.
+    lease_name: str = "kai-scheduler"
+    #: Namespace of the Lease (the Role in manifests/ grants Leases only there).
+    lease_namespace: str = "kai-scheduler"
+    #: How long a leader's claim lasts without renewal; others wait this long to take over.
+    lease_duration: float = 15.0
+    #: The leader gives up if it cannot renew for this long (must be below lease_duration).
+    renew_deadline: float = 10.0
+    #: How often the leader renews and candidates retry.
+    retry_period: float = 2.0
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Everything the config file can set, with the defaults of the shipped ConfigMap."""
+
+    #: Pods with this spec.schedulerName are ours.
+    scheduler_name: str = "kai-scheduler"
+    #: GPU/CPU binpack|spread, solver time limit and workers.
+    placement: PlacementSettings = field(default_factory=PlacementSettings)
+    #: Seconds between cycles when nothing new arrives.
+    cycle_period: float = 1.0
+    #: New pending work starts a cycle after this quiet time (batches bursts of pods).
+    debounce: float = 0.05
+    #: Queue for pods and PodGroups that name none.
+    default_queue: str = "default-queue"
+    #: Seconds a partly bound gang keeps its resources before its members are evicted.
+    staleness_grace_period: float = 60.0
+    #: Attempts per bind before the pod's bind is given up for this cycle.
+    bind_attempts: int = 3
+    #: The same Event (object, reason, message) is sent at most once per this many seconds.
+    event_interval: float = 60.0
+    #: Leader election timing.
+    leader_election: LeaderElectionSettings = field(default_factory=LeaderElectionSettings)
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """The process around the cycle: leadership, probes, identity."""
+
+    #: Take part in leader election; only the leader binds.
+    leader_elect: bool = False
+    #: Where /healthz, /readyz and /metrics are served (``:8080``, ``127.0.0.1:0``).
+    metrics_address: str = ":8080"
+    #: This replica's name in the Lease (defaults to POD_NAME or host name plus a suffix).
+    identity: str = ""
+
+
+def _duration(raw: Any, key: str, *, positive: bool = True) -> float:
+    try:
+        value = parse_duration(raw, key)
+    except SpecError as e:
+        raise ConfigError(key, e.message) from e
+    if positive and value <= 0:
+        raise ConfigError(key, f"{raw!r} must be a positive duration such as 1s or 500ms")
+    return value
+
+
+def _string(raw: Any, key: str) -> str:
+    if not isinstance(raw, str) or not raw.strip():
+        raise ConfigError(key, f"{raw!r} must be a non-empty string")
+    return raw.strip()
+
+
+def _int(raw: Any, key: str, minimum: int) -> int:
+    if not isinstance(raw, int) or isinstance(raw, bool) or raw < minimum:
+        raise ConfigError(key, f"{raw!r} must be a whole number >= {minimum}")
+    return raw
+
+
+def _bool(raw: Any, key: str) -> bool:
+    if not isinstance(raw, bool):
+        raise ConfigError(key, f"{raw!r} must be true or false")
+    return raw
+
+
+def _mapping(raw: Any, key: str) -> Mapping[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(key, f"must be a mapping of keys to values, got {type(raw).__name__}")
+    return cast(Mapping[str, Any], raw)
+
+
+def _check_keys(data: Mapping[str, Any], allowed: Mapping[str, object], prefix: str) -> None:
+    for key in data:
+        if key not in allowed:
+            known = ", ".join(sorted(allowed))
+            raise ConfigError(f"{prefix}{key}", f"unknown key; remove it or use one of: {known}")
+
+
+def _strategy(raw: Any, key: str) -> Strategy:
+    if raw not in _STRATEGIES:
+        raise ConfigError(key, f"{raw!r} must be binpack or spread")
+    return cast(Strategy, raw)
+
+
+def _placement(raw: Any, base: PlacementSettings) -> PlacementSettings:
+    data = _mapping(raw, "placement")
+    parsers: dict[str, Callable[[Any, str], Any]] = {
+        "gpu": _strategy,
+        "cpu": _strategy,
+        "solverWorkers": lambda v, k: _int(v, k, 1),
+        "greedyOnly": _bool,
+    }
+    _check_keys(data, parsers, "placement.")
+    names = {
+        "gpu": "gpu_strategy",
+        "cpu": "cpu_strategy",
+        "solverWorkers": "workers",
+        "greedyOnly": "greedy_only",
+    }
+    changes = {names[k]: parsers[k](v, f"placement.{k}") for k, v in data.items()}
+    return replace(base, **changes)
+
+
+def _leader_election(raw: Any, base: LeaderElectionSettings) -> LeaderElectionSettings:
+    data = _mapping(raw, "leaderElection")
+    parsers: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
+        "leaseName": ("lease_name", _string),
+        "leaseNamespace": ("lease_namespace", _string),
+        "leaseDuration": ("lease_duration", _duration),
+        "renewDeadline": ("renew_deadline", _duration),
+        "retryPeriod": ("retry_period", _duration),
+    }
+    _check_keys(data, parsers, "leaderElection.")
+    changes = {parsers[k][0]: parsers[k][1](v, f"leaderElection.{k}") for k, v in data.items()}
+    out = replace(base, **changes)
+    if out.renew_deadline >= out.lease_duration:
+        raise ConfigError(
+            "leaderElection.renewDeadline",
+            f"{out.renew_deadline}s must be below leaseDuration ({out.lease_duration}s)",
+        )
+    if out.retry_period >= out.renew_deadline:
+        raise ConfigError(
+            "leaderElection.retryPeriod",
+            f"{out.retry_period}s must be below renewDeadline ({out.renew_deadline}s)",
+        )
+    return out
+
+
+def parse_config(data: Any, base: SchedulerConfig | None = None) -> SchedulerConfig:
+    """Config from parsed YAML (a mapping, or None for an empty file)."""
+    cfg = base or SchedulerConfig()
+    top = _mapping(data, "config")
+    simple: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
+        "schedulerName": ("scheduler_name", _string),
+        "cyclePeriod": ("cycle_period", _duration),
+        "debounce": ("debounce", lambda v, k: _duration(v, k, positive=False)),
+        "defaultQueue": ("default_queue", _string),
+        "stalenessGracePeriod": (
+            "staleness_grace_period",
+            lambda v, k: _duration(v, k, positive=False),
+        ),
+        "bindAttempts": ("bind_attempts", lambda v, k: _int(v, k, 1)),
+        "eventInterval": ("event_interval", lambda v, k: _duration(v, k, positive=False)),
+    }
+    nested = ("placement", "solverTimeLimit", "leaderElection")
+    _check_keys(top, {**simple, **dict.fromkeys(nested)}, "")
+    changes: dict[str, Any] = {}
+    for key, value in top.items():
+        if key in simple:
+            attr, parse = simple[key]
+            changes[attr] = parse(value, key)
+    placement = cfg.placement
+    if "placement" in top:
+        placement = _placement(top["placement"], placement)
+    if "solverTimeLimit" in top:
+        placement = replace(
+            placement, time_limit_seconds=_duration(top["solverTimeLimit"], "solverTimeLimit")
+        )
+    changes["placement"] = placement
+    if "leaderElection" in top:
+        changes["leader_election"] = _leader_election(top["leaderElection"], cfg.leader_election)
+    return replace(cfg, **changes)
+
+
+def load_config(path: str | Path | None, base: SchedulerConfig | None = None) -> SchedulerConfig:
+    """Read the YAML config file at ``path`` (defaults when ``path`` is None)."""
+    if path is None:
+        return base or SchedulerConfig()
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError("--config", f"cannot read {path}: {e.strerror or e}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError("--config", f"{path} is not valid YAML: {e}") from e
+    return parse_config(data, base)

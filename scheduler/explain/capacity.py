@@ -1,0 +1,198 @@
+"""Free capacity after a cycle's assignments, grouped so questions about thousands of nodes
+stay cheap.
+
+Nodes are looked at through a pod's *placement rules* (tolerations, nodeSelector, required
+affinity): every distinct set of rules is matched against the nodes once, and the matching
+schedulable nodes are folded into *shapes* (identical free resources and free GPU devices)
+with a count. Fit questions are then answered per shape, not per node.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from scheduler.cluster.node import GPU_MILLI, Node, Taint
+from scheduler.cluster.pod import GpuRequest, Pod
+from scheduler.cluster.resources import GPU, PODS, Resources
+from scheduler.cluster.selectors import (
+    NodeSelectorTerm,
+    Toleration,
+    affinity_matches,
+    node_selector_matches,
+    tolerates,
+)
+from scheduler.cluster.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    # Type only: scheduler.solver imports this package, so a runtime import would be circular.
+    from scheduler.solver.placement import PodAssignment
+
+__all__ = ["FreeCapacity", "Matching", "Rules", "Shape", "pod_rules"]
+
+#: The placement rules of a pod, hashable: (tolerations, nodeSelector, affinity terms).
+Rules = tuple[tuple[Toleration, ...], tuple[tuple[str, str], ...], tuple[NodeSelectorTerm, ...]]
+
+
+def pod_rules(pod: Pod) -> Rules:
+    """The pod's placement rules as one hashable value."""
+    return (pod.tolerations, pod.node_selector, pod.affinity)
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """Free resources of a node (GPU devices free thousandths, largest first) and the total
+    it could ever offer."""
+
+    free: tuple[tuple[str, int], ...]
+    gpu_free: tuple[int, ...]
+    gpu_memory_mib: int | None
+    allocatable: tuple[tuple[str, int], ...]
+
+    def free_of(self, resource: str) -> int:
+        """Free amount of one resource."""
+        for name, value in self.free:
+            if name == resource:
+                return value
+        return 0
+
+    def allocatable_of(self, resource: str) -> int:
+        """Allocatable amount of one resource."""
+        for name, value in self.allocatable:
+            if name == resource:
+                return value
+        return 0
+
+
+@dataclass
+class Matching:
+    """Nodes that a set of placement rules allows, and why the others are excluded."""
+
+    #: Shapes of matching schedulable nodes, with how many nodes have each.
+    shapes: Counter[Shape] = field(default_factory=Counter)
+    #: Nodes that satisfy nodeSelector, affinity and taints but are cordoned or NotReady.
+    unschedulable: int = 0
+    #: How many nodes pass nodeSelector; pass nodeSelector and affinity.
+    selector_ok: int = 0
+    affinity_ok: int = 0
+    #: Taints that turned away nodes passing nodeSelector and affinity (taint -> nodes).
+    blocking_taints: Counter[Taint] = field(default_factory=Counter)
+
+
+def _device_take(
+    devices: list[int], grant: tuple[tuple[int, int], ...], count: int, milli: int
+) -> None:
+    if grant:
+        for index, m in grant:
+            if 0 <= index < len(devices):
+                devices[index] -= m
+        return
+    for _ in range(count):
+        if not devices:
+            return
+        best = max(range(len(devices)), key=lambda i: devices[i])
+        devices[best] -= milli
+
+
+class FreeCapacity:
+    """Per node free resources after ``assignments``, and rule matching with a cache."""
+
+    def __init__(self, snapshot: Snapshot, assignments: Sequence[PodAssignment]) -> None:
+        states = snapshot.node_states()
+        self.nodes: list[Node] = list(snapshot.nodes)
+        free: dict[str, dict[str, int]] = {name: dict(s.free.items()) for name, s in states.items()}
+        devices: dict[str, list[int]] = {name: list(s.gpu_free) for name, s in states.items()}
+        by_uid = {p.uid: p for p in snapshot.pods} if assignments else {}
+        for a in assignments:
+            pod = by_uid.get(a.pod_uid)
+            if pod is None or a.node not in free:
+                continue
+            for r, v in pod.requests.items():
+                free[a.node][r] = free[a.node].get(r, 0) - v
+            node = snapshot.node_by_name[a.node]
+            count = pod.gpu.count if pod.gpu else pod.requests[GPU]
+            milli = (pod.gpu.milli_on(node) if pod.gpu else None) or GPU_MILLI
+            _device_take(devices[a.node], a.gpu_grant, count, milli)
+        self._shape: dict[str, Shape] = {}
+        for node in self.nodes:
+            self._shape[node.name] = Shape(
+                free=tuple(sorted((r, v) for r, v in free[node.name].items() if r != PODS)),
+                gpu_free=tuple(sorted(devices[node.name], reverse=True)),
+                gpu_memory_mib=node.gpu_memory_mib,
+                allocatable=tuple(sorted((r, v) for r, v in node.allocatable.items() if r != PODS)),
+            )
+        self._labels = [{**n.label_map, "metadata.name": n.name} for n in self.nodes]
+        self._by_taints: dict[tuple[Taint, ...], list[int]] = {}
+        for i, n in enumerate(self.nodes):
+            self._by_taints.setdefault(n.taints, []).append(i)
+        self._cache: dict[Rules, Matching] = {}
+
+    def shape(self, node: str) -> Shape:
+        """The free shape of one node."""
+        return self._shape[node]
+
+    def matching(self, rules: Rules) -> Matching:
+        """The nodes ``rules`` allow (cached per distinct rules)."""
+        found = self._cache.get(rules)
+        if found is None:
+            found = self._match(rules)
+            self._cache[rules] = found
+        return found
+
+    def _match(self, rules: Rules) -> Matching:
+        tolerations, selector, terms = rules
+        out = Matching()
+        for taints, indices in self._by_taints.items():
+            allowed = tolerates(tolerations, taints)
+            for i in indices:
+                labels = self._labels[i]
+                if selector and not node_selector_matches(selector, labels):
+                    continue
+                out.selector_ok += 1
+                if terms and not affinity_matches(terms, labels):
+                    continue
+                out.affinity_ok += 1
+                if not allowed:
+                    for t in taints:
+                        if t.effect != "PreferNoSchedule" and not any(
+                            tol.tolerates(t) for tol in tolerations
+                        ):
+                            out.blocking_taints[t] += 1
+                    continue
+                node = self.nodes[i]
+                if not node.schedulable:
+                    out.unschedulable += 1
+                    continue
+                out.shapes[self._shape[node.name]] += 1
+        return out
+
+
+def pod_fits(pod: Pod, shape: Shape, *, empty: bool = False) -> bool:
+    """True when ``pod`` fits the free part of ``shape`` (or the whole node if ``empty``)."""
+    resources: Mapping[str, int] = dict(shape.allocatable if empty else shape.free)
+    if not Resources(pod.requests).fits_in(resources):
+        return False
+    if pod.gpu is None:
+        return True
+    milli = share_milli(pod.gpu, shape.gpu_memory_mib)
+    if milli is None:
+        return False
+    if empty:
+        return resources.get(GPU, 0) >= pod.gpu.count
+    return sum(1 for f in shape.gpu_free if f >= milli) >= pod.gpu.count
+
+
+def share_milli(gpu: GpuRequest, gpu_memory_mib: int | None) -> int | None:
+    """Thousandths of one device ``gpu`` takes on a node whose devices have
+    ``gpu_memory_mib`` (same rule as :meth:`GpuRequest.milli_on`)."""
+    if gpu.memory_mib is None:
+        return gpu.milli
+    if not gpu_memory_mib:
+        return None
+    milli = -(-gpu.memory_mib * GPU_MILLI // gpu_memory_mib)
+    return milli if milli <= GPU_MILLI else None
+
+
+__all__ += ["pod_fits", "share_milli"]

@@ -1,0 +1,56 @@
+"""Reason codes of an unplaced gang (the ``reason_code`` of a GangOutcome).
+
+The queue codes come from :mod:`scheduler.fairness`; they are repeated here so one import
+gives the whole list.
+"""
+
+from __future__ import annotations
+
+from scheduler.fairness.admission import OVER_QUOTA, QUEUE_LIMIT
+from scheduler.fairness.findings import NON_LEAF_QUEUE, QUEUE_INVALID, QUEUE_MISSING
+
+__all__ = [
+    "ALL_CODES",
+    "CAPACITY_TAKEN",
+    "GANG_DOES_NOT_FIT",
+    "GANG_INCOMPLETE",
+    "INSUFFICIENT_ON_ONE_NODE",
+    "NODE_TOO_SMALL",
+    "NON_LEAF_QUEUE",
+    "NOT_PLACED_THIS_CYCLE",
+    "NO_MATCHING_NODE",
+    "OVER_QUOTA",
+    "QUEUE_INVALID",
+    "QUEUE_LIMIT",
+    "QUEUE_MISSING",
+]
+
+#: Fewer pods exist than the gang must place together.
+GANG_INCOMPLETE = "GangIncomplete"
+#: No node accepts a pod (nodeSelector, affinity, taints, cordoned / NotReady).
+NO_MATCHING_NODE = "NoMatchingNode"
+#: No matching node could hold a pod even if it were empty.
+NODE_TOO_SMALL = "NodeTooSmall"
+#: No matching node has enough free for a pod right now.
+INSUFFICIENT_ON_ONE_NODE = "InsufficientOnOneNode"
+#: The gang's pods do not fit the free capacity of matching nodes together.
+GANG_DOES_NOT_FIT = "GangDoesNotFit"
+#: It would have fit before this cycle's placements took the capacity.
+CAPACITY_TAKEN = "CapacityTakenThisCycle"
+#: It fits what is free now; it was not reached this cycle.
+NOT_PLACED_THIS_CYCLE = "NotPlacedThisCycle"
+
+ALL_CODES: tuple[str, ...] = (
+    QUEUE_MISSING,
+    QUEUE_INVALID,
+    NON_LEAF_QUEUE,
+    GANG_INCOMPLETE,
+    QUEUE_LIMIT,
+    OVER_QUOTA,
+    NO_MATCHING_NODE,
+    NODE_TOO_SMALL,
+    INSUFFICIENT_ON_ONE_NODE,
+    GANG_DOES_NOT_FIT,
+    CAPACITY_TAKEN,
+    NOT_PLACED_THIS_CYCLE,
+)

@@ -1,0 +1,214 @@
+"""Why a pending gang was not placed, in words a user can act on.
+
+The state looked at is the one *after* the cycle's assignments (they consume node capacity and
+queue usage). For each gang the first rule that applies wins:
+
+====================== ===============================================================
+QueueMissing/Invalid,  the gang's queue cannot take jobs (see scheduler.fairness.findings)
+NonLeafQueue
+GangIncomplete         fewer pods exist than the gang needs placed together
+QueueLimit             the gang's queue or an ancestor would pass its limit
+OverQuota              non-preemptible work may only use its queue's quota
+NoMatchingNode         no node accepts a pod on static grounds (selector, affinity, taints,
+                       cordoned / NotReady)
+NodeTooSmall           no matching node could hold a pod even when empty
+InsufficientOnOneNode  no matching node has enough free for a pod right now
+GangDoesNotFit         the gang's pods do not fit the free capacity together
+CapacityTakenThisCycle any of the last three, but only because of this cycle's placements
+NotPlacedThisCycle     the gang fits what is free now; it came too late in this cycle
+====================== ===============================================================
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from scheduler.cluster.gang import Gang
+from scheduler.cluster.pod import Pod
+from scheduler.cluster.queue import pod_queue_usage
+from scheduler.cluster.snapshot import Snapshot
+from scheduler.explain.capacity import FreeCapacity, Matching, Rules, pod_rules
+from scheduler.explain.codes import (
+    CAPACITY_TAKEN,
+    GANG_DOES_NOT_FIT,
+    GANG_INCOMPLETE,
+    NO_MATCHING_NODE,
+    NOT_PLACED_THIS_CYCLE,
+)
+from scheduler.explain.fit import gang_shortfall, pack, pod_misfit
+from scheduler.explain.format import format_selector, format_taint, format_terms
+from scheduler.fairness.admission import queue_admission_problem
+from scheduler.fairness.findings import queue_problem
+from scheduler.fairness.share import FairShareReport
+from scheduler.fairness.usage import add_usage, gang_need, gang_request, pending_pods, pod_queue
+
+if TYPE_CHECKING:
+    # Type only: scheduler.solver imports this package, so a runtime import would be circular.
+    from scheduler.solver.placement import PodAssignment
+
+__all__ = ["explain_unplaced"]
+
+
+def _no_match_message(pod: Pod, m: Matching, node_count: int) -> str:
+    if node_count == 0:
+        return "the cluster has no nodes"
+    if pod.node_selector and m.selector_ok == 0:
+        return f"no node matches nodeSelector {format_selector(pod.node_selector)}"
+    if pod.affinity and m.affinity_ok == 0:
+        return f"no node matches the pod's required node affinity ({format_terms(pod.affinity)})"
+    taints = ", ".join(format_taint(t) for t, _ in m.blocking_taints.most_common(3))
+    if m.blocking_taints and m.unschedulable:
+        return (
+            f"all matching nodes are cordoned or NotReady ({m.unschedulable}) or have taints "
+            f"the pod does not tolerate: {taints}"
+        )
+    if m.blocking_taints:
+        word = "taint" if len(m.blocking_taints) == 1 else "taints"
+        return f"no node tolerates {word} {taints}; add a toleration or use other nodes"
+    return f"all matching nodes are cordoned or NotReady ({m.unschedulable})"
+
+
+class _Explainer:
+    """State shared by all gangs of one call: free capacity, this cycle's queue charges."""
+
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        report: FairShareReport,
+        assignments: Sequence[PodAssignment],
+    ) -> None:
+        self.snapshot = snapshot
+        self.report = report
+        self.assignments = assignments
+        self.tree = snapshot.queue_tree
+        self.now = FreeCapacity(snapshot, assignments)
+        self._before: FreeCapacity | None = None
+        self.charged: dict[str, dict[str, int]] = defaultdict(dict)
+        #: Leaf queue -> pods placed in it this cycle.
+        self.placed_in: Counter[str] = Counter()
+        by_uid = {p.uid: p for p in snapshot.pods} if assignments else {}
+        for a in assignments:
+            pod = by_uid.get(a.pod_uid)
+            if pod is None:
+                continue
+            queue = pod_queue(snapshot, pod)
+            self.placed_in[queue] += 1
+            usage = pod_queue_usage(pod)
+            if a.gpu_grant:
+                usage["gpu"] = sum(m for _, m in a.gpu_grant)
+            for q in self.tree.ancestors(queue) if queue in self.tree else [queue]:
+                add_usage(self.charged[q], usage)
+        self._fit_cache: dict[tuple[object, ...], tuple[str, str] | None] = {}
+
+    @property
+    def before(self) -> FreeCapacity:
+        """Free capacity as it was before this cycle's assignments."""
+        if self._before is None:
+            self._before = self.now if not self.assignments else FreeCapacity(self.snapshot, [])
+        return self._before
+
+    # --- per gang --------------------------------------------------------------------------
+
+    def explain(self, key: str) -> tuple[str, str]:
+        gang = self.snapshot.gang_by_key.get(key)
+        if gang is None:
+            return (GANG_INCOMPLETE, f"gang {key}: no PodGroup or pods for it are known")
+        finding = self.report.gang_findings.get(key) or queue_problem(self.tree, gang.queue)
+        if finding is not None:
+            return finding
+        pods = pending_pods(self.snapshot, gang)
+        need = gang_need(self.snapshot, gang)
+        if len(pods) < need or not pods:
+            created = sum(1 for p in self.snapshot.pods_by_gang.get(key, []) if p.active)
+            return (
+                GANG_INCOMPLETE,
+                f"gang {key}: {created}/{gang.min_member} pods created "
+                f"(minMember {gang.min_member})",
+            )
+        to_place = pods[: max(need, 1)]
+        problem = queue_admission_problem(
+            self.tree,
+            self.report,
+            gang.queue,
+            gang_request(to_place),
+            preemptible=gang.preemptible,
+            charged=self.charged,
+        )
+        if problem is not None:
+            return problem
+        groups: dict[Rules, list[Pod]] = {}
+        for p in to_place:
+            groups.setdefault(pod_rules(p), []).append(p)
+        for rules, group in groups.items():
+            m = self.now.matching(rules)
+            if not m.shapes:
+                return (NO_MATCHING_NODE, _no_match_message(group[0], m, len(self.now.nodes)))
+        capacity_problem = self._capacity_problem(groups, self.now)
+        if capacity_problem is None:
+            return (
+                NOT_PLACED_THIS_CYCLE,
+                f"gang {key} fits what is free now but was not placed this cycle (it came "
+                "after other gangs or the solver ran out of time); it is retried next cycle",
+            )
+        if self.assignments and self._capacity_problem(groups, self.before) is None:
+            return (CAPACITY_TAKEN, f"{self._taken_by(gang)}; now {capacity_problem[1]}")
+        return capacity_problem
+
+    def _capacity_problem(
+        self, groups: dict[Rules, list[Pod]], free: FreeCapacity
+    ) -> tuple[str, str] | None:
+        for rules, group in groups.items():
+            m = free.matching(rules)
+            for p in group:
+                cache_key = (id(free), rules, p.requests, p.gpu)
+                if cache_key not in self._fit_cache:
+                    self._fit_cache[cache_key] = pod_misfit(p, m)
+                misfit = self._fit_cache[cache_key]
+                if misfit is not None:
+                    return misfit
+        pods = [p for g in groups.values() for p in g]
+        for rules, group in groups.items():
+            short = gang_shortfall(group, free.matching(rules), total_pods=len(pods))
+            if short is not None:
+                return (GANG_DOES_NOT_FIT, short)
+        if not pack(groups, free):
+            return (
+                GANG_DOES_NOT_FIT,
+                f"gang needs {len(pods)} pods placed together; matching nodes have enough free "
+                "in total, but it is split across nodes and devices so they do not all fit",
+            )
+        return None
+
+    def _taken_by(self, gang: Gang) -> str:
+        """Name the queue whose gangs got the capacity this cycle, and why it went first."""
+        base = "resources went to higher-priority or fairer gangs this cycle"
+        if not self.placed_in:
+            return base
+        others = [q for q, _ in self.placed_in.most_common() if q != gang.queue]
+        if not others:
+            return f"{base} (earlier gangs of queue {gang.queue})"
+        winner = others[0]
+        status = self.report.queues.get(winner)
+        mine = self.report.queues.get(gang.queue)
+        if status is not None and status.below_fair_share():
+            return f"{base} (queue {winner} below fair share)"
+        if status is not None and mine is not None and status.priority > mine.priority:
+            return f"{base} (queue {winner} has higher priority {status.priority})"
+        return f"{base} (queue {winner})"
+
+
+def explain_unplaced(
+    snapshot: Snapshot,
+    report: FairShareReport,
+    assignments: Sequence[PodAssignment],
+    gangs: Iterable[str],
+) -> dict[str, tuple[str, str]]:
+    """Gang key -> (reason_code, message) for each of ``gangs`` (pending, not placed).
+
+    ``assignments`` are this cycle's placements: the explanation describes the cluster and
+    queues after them.
+    """
+    explainer = _Explainer(snapshot, report, assignments)
+    return {key: explainer.explain(key) for key in gangs}

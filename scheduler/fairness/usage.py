@@ -1,0 +1,87 @@
+"""What each queue holds and asks for, in queue units (gpu milli, cpu milli, memory bytes)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from scheduler.cluster.gang import Gang
+from scheduler.cluster.pod import Pod
+from scheduler.cluster.queue import QUEUE_RESOURCES, pod_queue_usage
+from scheduler.cluster.snapshot import Snapshot
+
+__all__ = [
+    "QueueUsage",
+    "add_usage",
+    "gang_need",
+    "gang_request",
+    "pending_pods",
+    "pod_queue",
+    "queue_usage",
+]
+
+
+def _zeros() -> dict[str, int]:
+    return dict.fromkeys(QUEUE_RESOURCES, 0)
+
+
+@dataclass(frozen=True)
+class QueueUsage:
+    """Per queue name: usage of active bound pods, and the asks of pending pods.
+
+    Both maps return zeros for queues that hold nothing.
+    """
+
+    allocated: defaultdict[str, dict[str, int]]
+    pending: defaultdict[str, dict[str, int]]
+
+
+def add_usage(into: dict[str, int], amount: dict[str, int]) -> None:
+    """Add ``amount`` to ``into`` per queue resource, in place."""
+    for r in QUEUE_RESOURCES:
+        into[r] = into.get(r, 0) + amount.get(r, 0)
+
+
+def pod_queue(snapshot: Snapshot, pod: Pod) -> str:
+    """The queue a pod counts against: its gang's queue (PodGroup ``spec.queue`` wins)."""
+    gang = snapshot.gang_by_key.get(pod.gang)
+    return gang.queue if gang is not None else pod.queue
+
+
+def queue_usage(snapshot: Snapshot) -> QueueUsage:
+    """Sum bound (active) and pending usage of the pods this scheduler manages, per queue.
+
+    Pods of other schedulers take node capacity but are not charged to any queue.
+    """
+    allocated: defaultdict[str, dict[str, int]] = defaultdict(_zeros)
+    pending: defaultdict[str, dict[str, int]] = defaultdict(_zeros)
+    for pod in snapshot.pods:
+        if not pod.managed or not pod.active:
+            continue
+        if pod.bound:
+            add_usage(allocated[pod_queue(snapshot, pod)], pod_queue_usage(pod))
+        elif pod.pending:
+            add_usage(pending[pod_queue(snapshot, pod)], pod_queue_usage(pod))
+    return QueueUsage(allocated, pending)
+
+
+def pending_pods(snapshot: Snapshot, gang: Gang) -> list[Pod]:
+    """The gang's pods still waiting for a node, oldest first (then by name)."""
+    pods = [p for p in snapshot.pods_by_gang.get(gang.key, []) if p.pending]
+    pods.sort(key=lambda p: (p.creation_time, p.name))
+    return pods
+
+
+def gang_need(snapshot: Snapshot, gang: Gang) -> int:
+    """Pods the gang still needs placed together: ``min_member`` minus active bound members."""
+    bound = sum(1 for p in snapshot.pods_by_gang.get(gang.key, []) if p.bound and p.active)
+    return max(0, gang.min_member - bound)
+
+
+def gang_request(pods: Iterable[Pod]) -> dict[str, int]:
+    """Queue usage of the given pods together."""
+    total = _zeros()
+    for p in pods:
+        add_usage(total, pod_queue_usage(p))
+    return total

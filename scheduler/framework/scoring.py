@@ -1,0 +1,87 @@
+"""Node scoring: the extension point the greedy placement uses to rank candidate nodes.
+
+Contract (read before implementing a scorer):
+
+- A scorer sees a node *before* the pod lands (:class:`NodeView`), the pod's demand
+  (:class:`PodDemand`) and the device grant the pod would get (device index -> thousandths;
+  empty for pods without GPUs). It returns a float; **lower is better**. Scores of different
+  nodes for the same pod are compared; the absolute value means nothing.
+- The score must depend only on what the view exposes *except the node name*: free
+  resources, free thousandths per device, allocatable, labels/taints, device memory. The
+  solver groups identical nodes into equivalence classes and scores one representative per
+  class, so a scorer that looks at the name (or keeps hidden state) is scored wrongly.
+- Feasibility is not the scorer's job: it is only asked about nodes where the pod fits
+  (resources, devices, taints, selectors, affinity, node ready and schedulable).
+- Scorers are called many thousands of times per cycle: keep them O(devices).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from scheduler.cluster.node import Node
+from scheduler.cluster.resources import Resources
+
+__all__ = ["DevicePicker", "NodeScorer", "NodeView", "PodDemand"]
+
+
+class NodeView(Protocol):
+    """Read-only view of a node's current state during placement."""
+
+    @property
+    def node(self) -> Node:
+        """The node (allocatable, labels, taints, device memory)."""
+        ...
+
+    @property
+    def free(self) -> Mapping[str, int]:
+        """Allocatable minus what bound and tentatively placed pods use (``pods`` included)."""
+        ...
+
+    @property
+    def gpu_free(self) -> Sequence[int]:
+        """Free thousandths of each GPU device, by device index."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class PodDemand:
+    """What one pod takes from a node, resolved for that node.
+
+    ``requests`` are node resources (``nvidia.com/gpu`` included for whole-GPU pods, ``pods``
+    = 1 when the node limits pod count). ``gpu_count`` devices each lose ``gpu_milli``
+    thousandths (1000 for whole devices); ``gpu_count`` is 0 for CPU-only pods.
+    """
+
+    requests: Resources
+    gpu_count: int = 0
+    gpu_milli: int = 0
+
+    @property
+    def whole_gpus(self) -> bool:
+        """True when the pod takes whole devices (no sharing)."""
+        return self.gpu_count > 0 and self.gpu_milli >= 1000
+
+
+class NodeScorer(Protocol):
+    """Ranks feasible nodes for a pod; see the module docstring for the contract."""
+
+    def score(self, node: NodeView, demand: PodDemand, grant: Sequence[tuple[int, int]]) -> float:
+        """Cost of placing a pod with ``demand`` on ``node`` taking ``grant``; lower is better."""
+        ...
+
+
+@runtime_checkable
+class DevicePicker(Protocol):
+    """Optional second role of a scorer: choose the devices a GPU pod takes on a node.
+
+    Return ``gpu_count`` distinct device indices, each with at least ``gpu_milli`` free (for
+    whole GPUs: entirely free), or None when the pod does not fit. Must be deterministic and
+    must not depend on the node name (same reason as for scoring).
+    """
+
+    def pick_devices(self, node: NodeView, demand: PodDemand) -> tuple[int, ...] | None:
+        """Device indices for the pod, or None."""
+        ...

@@ -1,0 +1,81 @@
+"""Where each kind lives in the API: group, version, plural, scope, and its URL paths."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote
+
+__all__ = [
+    "BINDING",
+    "EVENT",
+    "KINDS",
+    "LEASE",
+    "NODE",
+    "POD",
+    "PODGROUP",
+    "PRIORITY_CLASS",
+    "QUEUE",
+    "WATCHED_KINDS",
+    "ResourceKind",
+    "kind_of",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceKind:
+    """One resource type of the API (``group`` is empty for the core group)."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        """``group/version``, or just ``version`` for the core group (``v1``)."""
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def base(self) -> str:
+        """``/api/v1`` or ``/apis/<group>/<version>``."""
+        return f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+
+    def list_path(self, namespace: str | None = None) -> str:
+        """Collection URL: all namespaces when ``namespace`` is None (or cluster-scoped)."""
+        if self.namespaced and namespace:
+            return f"{self.base}/namespaces/{quote(namespace, safe='')}/{self.plural}"
+        return f"{self.base}/{self.plural}"
+
+    def object_path(self, namespace: str | None, name: str, subresource: str = "") -> str:
+        """One object's URL, optionally a subresource (``status``, ``binding``, ``eviction``)."""
+        path = f"{self.list_path(namespace if self.namespaced else None)}/{quote(name, safe='')}"
+        return f"{path}/{subresource}" if subresource else path
+
+
+POD = ResourceKind("Pod", "", "v1", "pods", namespaced=True)
+NODE = ResourceKind("Node", "", "v1", "nodes", namespaced=False)
+QUEUE = ResourceKind("Queue", "scheduling.run.ai", "v2", "queues", namespaced=False)
+PODGROUP = ResourceKind("PodGroup", "scheduling.run.ai", "v2alpha2", "podgroups", namespaced=True)
+PRIORITY_CLASS = ResourceKind(
+    "PriorityClass", "scheduling.k8s.io", "v1", "priorityclasses", namespaced=False
+)
+#: Written, not watched.
+BINDING = ResourceKind("Binding", "", "v1", "bindings", namespaced=True)
+EVENT = ResourceKind("Event", "events.k8s.io", "v1", "events", namespaced=True)
+LEASE = ResourceKind("Lease", "coordination.k8s.io", "v1", "leases", namespaced=True)
+
+#: Every kind by its ``kind`` name.
+KINDS: dict[str, ResourceKind] = {
+    k.kind: k for k in (POD, NODE, QUEUE, PODGROUP, PRIORITY_CLASS, BINDING, EVENT, LEASE)
+}
+#: The kinds the scheduler lists and watches to build its snapshot.
+WATCHED_KINDS: tuple[str, ...] = ("Pod", "Node", "Queue", "PodGroup", "PriorityClass")
+
+
+def kind_of(name: str) -> ResourceKind:
+    """The :class:`ResourceKind` for a kind name; ``KeyError`` names the known kinds."""
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise KeyError(f"unknown kind {name!r}; known: {', '.join(sorted(KINDS))}") from None

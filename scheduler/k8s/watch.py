@@ -1,0 +1,317 @@
+"""List, then watch, every kind the scheduler needs, feeding a :class:`Cache`.
+
+One task per kind runs rounds of:
+
+1. **list** (paged) when there is no resourceVersion to resume from; the result replaces the
+   kind in the cache (``Cache.relisted``), and the first list of every kind sets ``synced``;
+2. **watch** from the list's resourceVersion with ``allowWatchBookmarks``; BOOKMARK events only
+   move the resourceVersion forward; the server ends a watch after ``timeoutSeconds`` and the
+   next round resumes from the last resourceVersion seen.
+
+``410 Gone`` (history compacted) means list again. Temporary failures (connection refused
+while the API server restarts, 5xx, 429, timeouts) and permanent ones (404 when a CRD is not
+installed, 403 from RBAC) are logged and retried with capped exponential back-off and jitter;
+other kinds keep going meanwhile. A bug in a kind task is not retried: :meth:`Watcher.run`
+cancels the other tasks and re-raises, so the process stops instead of limping on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+import structlog
+from kubernetes_asyncio.client import ApiClient
+
+from scheduler.k8s.client import open_stream, request_json
+from scheduler.k8s.errors import (
+    Gone,
+    KubeError,
+    NotFound,
+    PermanentError,
+    TemporaryError,
+    error_for_status,
+    translate,
+)
+from scheduler.k8s.resources import WATCHED_KINDS, ResourceKind, kind_of
+
+__all__ = ["EventSink", "WatchSettings", "Watcher"]
+
+log = structlog.get_logger("scheduler.k8s.watch")
+
+
+class EventSink(Protocol):
+    """What the watcher feeds (implemented by :class:`scheduler.cache.Cache`)."""
+
+    def apply(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
+        """One ADDED/MODIFIED/DELETED event."""
+        ...
+
+    def relisted(self, kind: str, objs: Iterable[dict[str, Any]]) -> None:
+        """Every object of ``kind`` after a full list."""
+        ...
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    """Timings of list and watch."""
+
+    #: Objects per list page (``limit``); big clusters are listed in pages.
+    page_size: int = 500
+    #: Server-side watch duration in seconds; each watch gets a random value in [t, 2t) so
+    #: many watches do not reconnect together.
+    watch_timeout: int = 300
+    #: Seconds to wait for a TCP connection.
+    connect_timeout: float = 10.0
+    #: Extra seconds of silence beyond ``watch_timeout`` before a watch counts as dead.
+    read_grace: float = 60.0
+    #: Seconds for one list page.
+    list_timeout: float = 60.0
+    #: First retry delay after a failure; doubles per consecutive failure up to ``backoff_max``.
+    backoff_base: float = 0.5
+    backoff_max: float = 30.0
+    #: A watch that ends sooner than this with no events counts as a failure (back off).
+    min_watch_seconds: float = 1.0
+
+
+class _Relist(Exception):
+    """The resourceVersion is gone: list again."""
+
+
+class Watcher:
+    """List and watch ``kinds`` into ``cache`` (see the module docstring).
+
+    ``sleep`` and ``rng`` are injectable so tests can run without real delays.
+    """
+
+    def __init__(
+        self,
+        api: ApiClient,
+        cache: EventSink,
+        kinds: Iterable[str | ResourceKind] = WATCHED_KINDS,
+        *,
+        settings: WatchSettings | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.api = api
+        self.cache = cache
+        self.kinds: tuple[ResourceKind, ...] = tuple(
+            k if isinstance(k, ResourceKind) else kind_of(k) for k in kinds
+        )
+        self.settings = settings or WatchSettings()
+        self._sleep = sleep
+        self._rng = rng
+        #: Set once every kind has been listed once; no cycle may run before.
+        self.synced = asyncio.Event()
+        #: Kinds listed at least once.
+        self.listed: set[str] = set()
+        #: Last resourceVersion seen per listed kind: where the next watch of that kind resumes.
+        self.resource_versions: dict[str, str] = {}
+        #: Number of full lists per kind (1 + relists).
+        self.list_count: dict[str, int] = {}
+        #: Last error per kind, None once the kind is healthy again (for readiness/metrics).
+        self.errors: dict[str, KubeError | None] = {}
+
+    # --- driving -----------------------------------------------------------------------
+
+    async def run(self, iterations: int | None = None) -> None:
+        """Watch every kind until cancelled, or for ``iterations`` rounds per kind.
+
+        A round is one list or one watch (however it ended). If a kind's task fails with an
+        unexpected exception, the others are cancelled and the exception propagates. Calling
+        ``run`` again resumes each listed kind's watch from :attr:`resource_versions`.
+        """
+        if not self.kinds:
+            self.synced.set()
+            return
+        tasks = [
+            asyncio.create_task(self._run_kind(kind, iterations), name=f"watch-{kind.kind}")
+            for kind in self.kinds
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    log.error(
+                        "watch_task_crashed",
+                        kind=task.get_name().removeprefix("watch-"),
+                        error=repr(task.exception()),
+                    )
+                    task.result()  # re-raise
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def backoff(self, failures: int) -> float:
+        """Delay before retry number ``failures`` (1-based): exponential, capped, with jitter
+        in [50%, 100%] so many clients do not retry in step."""
+        s = self.settings
+        delay = min(s.backoff_max, s.backoff_base * 2 ** max(0, failures - 1))
+        return float(delay * (0.5 + 0.5 * self._rng()))
+
+    async def _run_kind(self, kind: ResourceKind, iterations: int | None) -> None:
+        rv = self.resource_versions.get(kind.kind) if kind.kind in self.listed else None
+        failures = 0
+        rounds = 0
+        while iterations is None or rounds < iterations:
+            rounds += 1
+            try:
+                if rv is None:
+                    rv = await self._list(kind)
+                    healthy = True
+                else:
+                    rv, healthy = await self._watch(kind, rv)
+            except _Relist:
+                log.info("watch_relist", kind=kind.kind, resource_version=rv, reason="Gone")
+                rv = None
+                continue
+            except KubeError as e:
+                failures += 1
+                self.errors[kind.kind] = e
+                hint = e.retry_after if isinstance(e, TemporaryError) else None
+                delay = hint if hint else self.backoff(failures)
+                self._log_failure(kind, rv, e, failures, delay)
+                if iterations is not None and rounds >= iterations:
+                    return
+                await self._sleep(delay)
+                continue
+            if healthy:
+                failures = 0
+                self.errors[kind.kind] = None
+            else:
+                failures += 1
+                await self._sleep(self.backoff(failures))
+
+    def _log_failure(
+        self, kind: ResourceKind, rv: str | None, e: KubeError, failures: int, delay: float
+    ) -> None:
+        fields: dict[str, Any] = {
+            "kind": kind.kind,
+            "resource_version": rv,
+            "reason": type(e).__name__,
+            "error": e.message,
+            "attempt": failures,
+            "retry_in": round(delay, 2),
+        }
+        if isinstance(e, NotFound) and kind.group:
+            log.error(
+                "watch_kind_not_installed",
+                fix=f"install the CRD for {kind.plural}.{kind.group} "
+                f"(version {kind.version}), e.g. kubectl apply -f crds/",
+                **fields,
+            )
+        elif isinstance(e, PermanentError):
+            log.error("watch_failed", **fields)
+        else:
+            log.warning("watch_interrupted", **fields)
+
+    # --- list --------------------------------------------------------------------------
+
+    async def _list(self, kind: ResourceKind) -> str:
+        """List every object of ``kind`` (paged) into the cache; returns the resourceVersion."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            query = {"limit": self.settings.page_size, "continue": token}
+            try:
+                page = await request_json(
+                    self.api, "GET", kind.list_path(), query=query,
+                    timeout=self.settings.list_timeout,
+                )  # fmt: skip
+            except Gone:
+                # The continue token expired between pages: start the list over.
+                log.info("list_restart", kind=kind.kind, reason="continue token expired")
+                items, token = [], None
+                continue
+            if not isinstance(page, dict):
+                raise error_for_status(500, "list returned no object", what=f"list {kind.plural}")
+            for item in page.get("items") or []:
+                item.setdefault("kind", kind.kind)
+                item.setdefault("apiVersion", kind.api_version)
+                items.append(item)
+            meta = page.get("metadata") or {}
+            token = meta.get("continue") or None
+            if token is None:
+                rv = str(meta.get("resourceVersion") or "")
+                break
+        self.cache.relisted(kind.kind, items)
+        self.resource_versions[kind.kind] = rv
+        self.list_count[kind.kind] = self.list_count.get(kind.kind, 0) + 1
+        log.info("listed", kind=kind.kind, resource_version=rv, count=len(items))
+        if kind.kind not in self.listed:
+            self.listed.add(kind.kind)
+            if len(self.listed) == len(self.kinds):
+                log.info("synced", kinds=sorted(self.listed))
+                self.synced.set()
+        return rv
+
+    # --- watch -------------------------------------------------------------------------
+
+    async def _watch(self, kind: ResourceKind, rv: str) -> tuple[str, bool]:
+        """Watch from ``rv`` until the server ends the stream; returns the last resourceVersion
+        and whether the watch was healthy (delivered something or lasted a while)."""
+        s = self.settings
+        server_timeout = s.watch_timeout + int(self._rng() * s.watch_timeout)
+        query = {
+            "watch": True,
+            "resourceVersion": rv,
+            "allowWatchBookmarks": True,
+            "timeoutSeconds": server_timeout,
+        }
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=s.connect_timeout,
+            sock_connect=s.connect_timeout,
+            sock_read=server_timeout + s.read_grace,
+        )
+        started = time.monotonic()
+        events = 0
+        try:
+            response = await open_stream(self.api, kind.list_path(), query=query, timeout=timeout)
+        except Gone as e:
+            raise _Relist() from e
+        try:
+            async with response:
+                while True:
+                    try:
+                        line = await response.content.readline()
+                    except (TimeoutError, aiohttp.ClientError, ValueError) as e:
+                        raise translate(e, f"watch {kind.plural}") from e
+                    if not line:
+                        break  # the server ended the watch (timeoutSeconds) or the connection
+                    rv = self._handle_line(kind, line, rv)
+                    events += 1
+        finally:
+            self.resource_versions[kind.kind] = rv
+        healthy = events > 0 or time.monotonic() - started >= s.min_watch_seconds
+        return rv, healthy
+
+    def _handle_line(self, kind: ResourceKind, line: bytes, rv: str) -> str:
+        try:
+            event = json.loads(line)
+            event_type = event["type"]
+            obj = event["object"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise error_for_status(
+                502, f"undecodable watch event: {line[:200]!r}", what=f"watch {kind.plural}"
+            ) from e
+        if event_type == "ERROR":
+            status = int(obj.get("code") or 500) if isinstance(obj, dict) else 500
+            if status == 410:
+                raise _Relist()
+            raise error_for_status(status, obj, what=f"watch {kind.plural}")
+        new_rv = str(((obj or {}).get("metadata") or {}).get("resourceVersion") or rv)
+        if event_type == "BOOKMARK":
+            return new_rv
+        obj.setdefault("kind", kind.kind)
+        obj.setdefault("apiVersion", kind.api_version)
+        self.cache.apply(kind.kind, event_type, obj)
+        return new_rv

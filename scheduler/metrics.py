@@ -1,0 +1,116 @@
+"""Prometheus metrics of the scheduler service (served on ``/metrics`` by :mod:`.health`).
+
+Every metric lives in one :class:`SchedulerMetrics` with its own registry, so tests and two
+schedulers in one process never collide on the global default registry.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from scheduler.cluster.node import GPU_MILLI
+from scheduler.cluster.queue import QUEUE_RESOURCES
+from scheduler.cluster.snapshot import Snapshot
+from scheduler.fairness import FairShareReport
+
+__all__ = ["SchedulerMetrics", "queue_units"]
+
+_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def queue_units(resource: str, amount: int) -> float:
+    """Scheduler units (gpu milli, cpu milli, bytes) to the CRD's (devices, millicores, MB)."""
+    if resource == "gpu":
+        return amount / GPU_MILLI
+    if resource == "memory":
+        return amount / 10**6
+    return float(amount)
+
+
+class SchedulerMetrics:
+    """The scheduler's metrics, registered on :attr:`registry`."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.cycle_seconds = Histogram(
+            "kai_cycle_duration_seconds", "Duration of one scheduling cycle.",
+            buckets=_DURATION_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.solve_seconds = Histogram(
+            "kai_solve_duration_seconds", "Duration of fair share plus placement solving.",
+            buckets=_DURATION_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.cycles = Counter("kai_cycles", "Scheduling cycles run.", registry=r)
+        self.pending_pods = Gauge(
+            "kai_pending_pods", "Pods waiting for a node, per queue.", ["queue"], registry=r
+        )
+        self.pending_gangs = Gauge(
+            "kai_pending_gangs", "Gangs waiting to be placed, per queue.", ["queue"], registry=r
+        )
+        self.binds = Counter("kai_binds", "Pods bound to a node.", registry=r)
+        self.bind_failures = Counter(
+            "kai_bind_failures", "Bind attempts that failed for good.", registry=r
+        )
+        self.evictions = Counter(
+            "kai_evictions", "Pods evicted, by reason.", ["reason"], registry=r
+        )
+        self.queue_allocated = Gauge(
+            "kai_queue_allocated",
+            "Resources held by a queue (gpu devices, cpu millicores, memory MB).",
+            ["queue", "resource"], registry=r,
+        )  # fmt: skip
+        self.queue_fair_share = Gauge(
+            "kai_queue_fair_share",
+            "Fair share of a queue (gpu devices, cpu millicores, memory MB).",
+            ["queue", "resource"], registry=r,
+        )  # fmt: skip
+        self.queue_requested = Gauge(
+            "kai_queue_requested",
+            "Resources a queue holds plus what its pending pods ask for.",
+            ["queue", "resource"], registry=r,
+        )  # fmt: skip
+        self.leader = Gauge(
+            "kai_leader", "1 while this replica holds the leader lease.", registry=r
+        )
+        self._queues: set[str] = set()
+
+    def observe_cycle(self, seconds: float, solve_seconds: float) -> None:
+        """Record the durations of one cycle."""
+        self.cycles.inc()
+        self.cycle_seconds.observe(seconds)
+        self.solve_seconds.observe(solve_seconds)
+
+    def observe_pending(self, snapshot: Snapshot, pending_gangs: Iterable[str]) -> None:
+        """Set pending pods and gangs per queue from this cycle's snapshot."""
+        pods = Tally(snapshot.gang_by_key[p.gang].queue if p.gang in snapshot.gang_by_key
+                     else p.queue for p in snapshot.pods if p.pending)  # fmt: skip
+        gangs = Tally(
+            snapshot.gang_by_key[g].queue for g in pending_gangs if g in snapshot.gang_by_key
+        )
+        queues = set(pods) | set(gangs) | self._queues | {q.name for q in snapshot.queues}
+        for q in queues:
+            self.pending_pods.labels(queue=q).set(pods.get(q, 0))
+            self.pending_gangs.labels(queue=q).set(gangs.get(q, 0))
+        self._queues = {q for q in queues if pods.get(q) or gangs.get(q)}
+
+    def observe_fair_share(self, report: FairShareReport) -> None:
+        """Set allocated, requested and fair share of every queue."""
+        for name, status in report.queues.items():
+            for res in QUEUE_RESOURCES:
+                self.queue_allocated.labels(name, res).set(
+                    queue_units(res, status.allocated.get(res, 0))
+                )
+                self.queue_fair_share.labels(name, res).set(
+                    queue_units(res, status.fair_share.get(res, 0))
+                )
+                self.queue_requested.labels(name, res).set(
+                    queue_units(res, status.requested.get(res, 0))
+                )
+
+    def render(self) -> bytes:
+        """The text exposition format."""
+        return generate_latest(self.registry)

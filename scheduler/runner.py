@@ -1,0 +1,248 @@
+"""The scheduler service: watches, leader election, the cycle loop, probes, clean shutdown.
+
+Tasks (each guarded: if one ends unexpectedly it is logged and the process stops with exit
+code 1 rather than limping on):
+
+- the :class:`~scheduler.k8s.watch.Watcher` keeping the :class:`~scheduler.cache.Cache` current;
+- the :class:`~scheduler.k8s.lease.LeaderElector` when ``--leader-elect`` is on;
+- the cycle loop: a cycle every ``cyclePeriod``, or sooner when the cache reports new pending
+  work (debounced so a burst of pods makes one cycle). Only the leader runs cycles; solving
+  happens in a worker thread inside :func:`scheduler.cycle.run_cycle`, so the event loop
+  keeps serving watches, probes and the Lease meanwhile.
+
+SIGTERM/SIGINT set the stop event: the current cycle finishes (bounded), the Lease is released
+so a standby takes over at once, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from scheduler.cache import Cache
+from scheduler.cluster.gang import Gang
+from scheduler.cluster.queuespec import SpecError, parse_duration
+from scheduler.commit import LiveBackend
+from scheduler.config import SchedulerConfig, ServiceSettings
+from scheduler.cycle import run_cycle
+from scheduler.health import HealthServer, HealthState
+from scheduler.k8s.client import ClientSettings, make_api_client
+from scheduler.k8s.errors import ClientConfigError
+from scheduler.k8s.lease import LeaderElector
+from scheduler.k8s.watch import Watcher
+from scheduler.k8s.writer import EventLimiter, Writer
+from scheduler.metrics import SchedulerMetrics
+
+__all__ = ["Scheduler", "run"]
+
+log = structlog.get_logger("scheduler.runner")
+
+#: Seconds the current cycle may take to finish after SIGTERM before it is cancelled.
+_SHUTDOWN_GRACE = 10.0
+#: Consecutive failed cycles after which the process stops (exit 1) instead of limping on.
+_MAX_CYCLE_FAILURES = 5
+
+
+class Scheduler:
+    """One scheduler replica, wired from settings; :meth:`serve` runs it until stopped."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        client: ClientSettings,
+        service: ServiceSettings,
+        *,
+        metrics: SchedulerMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.client_settings = client
+        self.service = service
+        self.metrics = metrics or SchedulerMetrics()
+        self.state = HealthState(stall_seconds=max(60.0, 20 * config.cycle_period))
+        self.stop = asyncio.Event()
+        self.cycles = 0
+        self.elector: LeaderElector | None = None
+        self.cache = Cache(config.scheduler_name, config.default_queue)
+
+    def is_leader(self) -> bool:
+        """True when this replica may bind (always, without leader election)."""
+        return self.elector is None or self.elector.is_leader()
+
+    def _grace(self, gang: Gang) -> float:
+        """A gang's staleness grace: its PodGroup's own value, else the configured default."""
+        raw = self.cache.raw("PodGroup", gang.namespace, gang.name) or {}
+        value = (raw.get("spec") or {}).get("stalenessGracePeriod")
+        if value in (None, ""):
+            return self.config.staleness_grace_period
+        try:
+            return parse_duration(value, "spec.stalenessGracePeriod")
+        except SpecError:
+            return self.config.staleness_grace_period
+
+    async def serve(self) -> int:
+        """Run until :attr:`stop` is set (0) or a task fails (1); 2 for bad connection flags."""
+        health = HealthServer(self.service.metrics_address, self.state, self.metrics)
+        await health.start()
+        log.info("serving_probes", address=self.service.metrics_address, port=health.port)
+        try:
+            api = await make_api_client(self.client_settings)
+        except ClientConfigError as e:
+            log.error("client_config_error", error=e.message)
+            await health.stop()
+            return 2
+        try:
+            return await self._serve(api)
+        finally:
+            self.state.stopping = True
+            await health.stop()
+            await api.close()
+            log.info("stopped")
+
+    async def _serve(self, api: Any) -> int:
+        cfg = self.config
+        watcher = Watcher(api, self.cache)
+        writer = Writer(
+            api,
+            component=cfg.scheduler_name,
+            instance=self.service.identity,
+            limiter=EventLimiter(interval=cfg.event_interval),
+            bind_attempts=cfg.bind_attempts,
+        )
+        if self.service.leader_elect:
+            self.elector = LeaderElector(
+                api, cfg.leader_election, self.service.identity,
+                on_change=lambda leading: self.metrics.leader.set(1 if leading else 0),
+            )  # fmt: skip
+        else:
+            self.metrics.leader.set(1)
+        backend = LiveBackend(
+            self.cache, writer, is_leader=self.is_leader, metrics=self.metrics, grace=self._grace
+        )
+        tasks: dict[str, asyncio.Task[Any]] = {
+            "watch": asyncio.create_task(watcher.run(), name="watch"),
+            "cycle": asyncio.create_task(self._cycle_loop(watcher, backend), name="cycle"),
+        }
+        if self.elector is not None:
+            tasks["lease"] = asyncio.create_task(self.elector.run(self.stop), name="lease")
+        stopper = asyncio.create_task(self.stop.wait(), name="stop")
+        code = 0
+        try:
+            done, _ = await asyncio.wait(
+                [stopper, *tasks.values()], return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in done:
+                if task is stopper:
+                    continue
+                code = 1
+                error = None if task.cancelled() else task.exception()
+                log.error("task_ended_unexpectedly", task=task.get_name(),
+                          error=repr(error) if error else "returned")  # fmt: skip
+        finally:
+            self.stop.set()
+            self.state.stopping = True
+            await self._shutdown(tasks, stopper)
+        return code
+
+    async def _shutdown(
+        self, tasks: dict[str, asyncio.Task[Any]], stopper: asyncio.Task[Any]
+    ) -> None:
+        cycle = tasks.get("cycle")
+        if cycle is not None and not cycle.done():
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(cycle), timeout=_SHUTDOWN_GRACE)
+        lease = tasks.get("lease")
+        if lease is not None and not lease.done():
+            # run() sees stop and releases the Lease itself; give it a moment.
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(lease), timeout=5.0)
+        for task in [*tasks.values(), stopper]:
+            task.cancel()
+        await asyncio.gather(*tasks.values(), stopper, return_exceptions=True)
+
+    async def _wait_trigger(self, pending: asyncio.Event) -> None:
+        """Until the period passes, new pending work arrives (then debounce), or stop."""
+        waiters = [
+            asyncio.create_task(pending.wait()),
+            asyncio.create_task(self.stop.wait()),
+        ]
+        try:
+            done, _ = await asyncio.wait(
+                waiters, timeout=self.config.cycle_period, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for w in waiters:
+                w.cancel()
+        if waiters[0] in done and not self.stop.is_set():
+            # A burst of new pods (a Deployment scaling up) becomes one cycle, not many.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), timeout=self.config.debounce)
+
+    async def _cycle_loop(self, watcher: Watcher, backend: LiveBackend) -> None:
+        await watcher.synced.wait()
+        self.state.ready = True
+        self.state.tick()
+        log.info("cache_synced", counts=self.cache.counts())
+        failures = 0
+        while not self.stop.is_set():
+            self.state.tick()
+            if self.is_leader():
+                self.cache.pending_changed.clear()
+                self.cycles += 1
+                try:
+                    report = await run_cycle(backend, self.config.placement, self.cycles)
+                except Exception:
+                    # One bad cycle (a bug tripped by unusual input) must not stop scheduling;
+                    # a bug that trips every cycle must not be hidden either.
+                    failures += 1
+                    log.exception("cycle_failed", cycle=self.cycles, consecutive=failures)
+                    if failures >= _MAX_CYCLE_FAILURES:
+                        raise
+                else:
+                    failures = 0
+                    self.metrics.observe_cycle(report.seconds, report.solve_seconds)
+                    self.metrics.observe_pending(report.snapshot, report.placement.outcomes)
+                    self.metrics.observe_fair_share(report.fair_share)
+            await self._wait_trigger(self.cache.pending_changed)
+
+
+def _install_signals(stop: asyncio.Event) -> Callable[[], None]:
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+
+    def remove() -> None:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+    return remove
+
+
+async def run(config: SchedulerConfig, client: ClientSettings, service: ServiceSettings) -> int:
+    """Run a scheduler replica until SIGTERM; the process exit code."""
+    started = time.monotonic()
+    scheduler = Scheduler(config, client, service)
+    log.info(
+        "starting",
+        scheduler_name=config.scheduler_name,
+        leader_elect=service.leader_elect,
+        identity=service.identity,
+        cycle_period=config.cycle_period,
+        gpu_strategy=config.placement.gpu_strategy,
+        cpu_strategy=config.placement.cpu_strategy,
+    )
+    remove = _install_signals(scheduler.stop)
+    try:
+        code = await scheduler.serve()
+    finally:
+        remove()
+    log.info("exiting", code=code, seconds=round(time.monotonic() - started, 1))
+    return code

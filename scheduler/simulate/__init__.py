@@ -1,0 +1,12 @@
+"""``kai-scheduler simulate``: the live scheduling cycle on an in-memory cluster.
+
+- :mod:`.scenario` - scenario YAML (nodes, Queue/PodGroup objects, jobs over time) -> domain types
+- :mod:`.backend` - :class:`SimulatedCluster`, the in-memory :class:`scheduler.cycle.Backend`
+- :mod:`.engine` - the simulated-time loop (arrivals, a cycle every period, completions)
+- :mod:`.report` / :mod:`.plots` - tables, JSON summary and PNG plots of a run
+- :mod:`.cli` - the ``simulate`` subcommand (scenario mode; trace mode in :mod:`.replay`)
+
+Submodules are imported on use: the scenario loader must not pull in the solver or matplotlib.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,196 @@
+"""``kai-scheduler simulate``: run a scenario (or replay a trace) on an in-memory cluster.
+
+Two modes share one subcommand::
+
+    kai-scheduler simulate SCENARIO.yaml [--json] [--out DIR]
+    kai-scheduler simulate --trace openb --nodes NODES.csv --pods PODS.csv [trace flags]
+
+The trace mode belongs to :mod:`scheduler.simulate.replay`; this module only hands over to it.
+Exit codes: 0 the run completed, 2 bad input (the message names the field or flag), 1 the run
+itself failed. Heavy imports (solver, matplotlib) happen only when a run starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
+
+__all__ = ["add_parser", "configure_parser", "run"]
+
+_DESCRIPTION = (
+    "Run scheduling cycles in simulated time on an in-memory cluster described by a scenario "
+    "file (nodes, queues, PodGroups, pods with arrival times and durations), then print per "
+    "queue requested / allocated / fair share and per gang whether it was placed or why it "
+    "waits. See examples/simulate/quickstart.yaml."
+)
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """Add the simulate arguments (scenario mode, and trace mode if available)."""
+    parser.add_argument(
+        "scenario", nargs="?", metavar="SCENARIO.yaml", help="scenario file to simulate"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print a machine-readable JSON summary instead"
+    )
+    parser.add_argument(
+        "--out", metavar="DIR", default=None, help="write PNG plots of the run into DIR"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="never show the progress bar")
+    try:
+        from scheduler.simulate.replay import add_trace_arguments
+    except ImportError:
+        return
+    add_trace_arguments(parser)
+    parser.set_defaults(command="simulate")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``simulate`` on the ``kai-scheduler`` subcommand parsers."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "simulate",
+        help="simulate scheduling of a scenario or trace in simulated time",
+        description=_DESCRIPTION,
+        # The trace arguments come from another module; let a repeated flag (e.g. --out)
+        # resolve instead of crashing the whole CLI.
+        conflict_handler="resolve",
+    )
+    configure_parser(parser)
+    parser.set_defaults(command="simulate")
+    return parser
+
+
+def _quiet_logs() -> None:
+    """Cycle logs would bury the table: keep only warnings, on stderr."""
+    import structlog
+
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.dev.ConsoleRenderer(colors=False),
+        ],
+        cache_logger_on_first_use=False,
+    )
+
+
+class _Progress:
+    """A rich progress bar over simulated time, shown only once a run has taken a while."""
+
+    #: Short runs finish before a bar would be readable; show it only after this long.
+    DELAY_SECONDS = 0.5
+
+    def __init__(self, console: Console, *, enabled: bool) -> None:
+        self._console = console
+        self._enabled = enabled
+        self._started = time.perf_counter()
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
+
+    def __enter__(self) -> _Progress:
+        self._started = time.perf_counter()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def update(self, now: float, horizon: float) -> None:
+        """Called by the engine after every step of simulated time."""
+        if not self._enabled:
+            return
+        from scheduler.simulate.report import format_time
+
+        if self._bar is None:
+            if time.perf_counter() - self._started < self.DELAY_SECONDS:
+                return
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(
+                TextColumn("simulating"),
+                BarColumn(),
+                TextColumn("{task.fields[sim]}"),
+                TimeElapsedColumn(),
+                console=self._console,
+                transient=True,
+            )
+            self._bar.start()
+            self._task = self._bar.add_task("simulate", total=max(horizon, 1.0), sim="")
+        assert self._task is not None
+        self._bar.update(
+            self._task,
+            completed=now,
+            total=max(horizon, now, 1.0),
+            sim=f"{format_time(now)} / {format_time(horizon)} simulated",
+        )
+
+
+def _error(message: str) -> int:
+    print(f"kai-scheduler simulate: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the simulate subcommand; returns the process exit code."""
+    trace = getattr(args, "trace", None)
+    if trace:
+        if args.scenario:
+            return _error("give a scenario file or --trace, not both")
+        try:
+            from scheduler.simulate.replay import run_trace
+        except ImportError as e:
+            return _error(f"trace replay is not available ({e})")
+        return int(run_trace(args))
+    if not args.scenario:
+        return _error(
+            "missing SCENARIO.yaml; try: kai-scheduler simulate examples/simulate/quickstart.yaml"
+        )
+    _quiet_logs()
+    from scheduler.simulate.scenario import ScenarioError, load_scenario
+
+    try:
+        scenario = load_scenario(args.scenario)
+    except ScenarioError as e:
+        return _error(str(e))
+    from rich.console import Console
+
+    from scheduler.simulate.engine import simulate
+    from scheduler.simulate.report import print_report, summary
+
+    err = Console(stderr=True)
+    show = err.is_terminal and not args.no_progress and not args.json
+    with _Progress(err, enabled=show) as progress:
+        result = simulate(scenario, progress=progress.update)
+    plots: list[str] = []
+    if args.out:
+        from scheduler.simulate.plots import write_plots
+
+        try:
+            plots = [str(p) for p in write_plots(result, args.out)]
+        except OSError as e:
+            return _error(f"--out {args.out}: cannot write plots ({e.strerror or e})")
+    if args.json:
+        data = summary(result)
+        data["plots"] = plots
+        print(json.dumps(data, indent=2))
+    else:
+        # Piped output would default to 80 columns and fold the reasons into slivers.
+        print_report(result, Console() if sys.stdout.isatty() else Console(width=140))
+        for p in plots:
+            print(f"wrote {p}")
+    return 0

@@ -1,0 +1,291 @@
+"""GPU cluster traces in the Alibaba ``openb`` CSV format, and how a replay reorders them.
+
+The node list has ``sn,cpu_milli,memory_mib,gpu,model``; the pod list has
+``name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,...`` (extra columns are ignored). See
+``/work/shared/traces/alibaba-gpu-v2023-openb/README.md``.
+
+A replay takes the pods in file order after three optional, seeded steps:
+
+- :func:`remix` re-samples the pod list to another type mix (more fractional, multi-GPU,
+  model-constrained or CPU-only pods), to check a policy is not tuned to one file;
+- :func:`shuffle_pods` shuffles the order;
+- :func:`inflate` appends randomly re-sampled copies until the total GPU request reaches a
+  multiple of the cluster's GPU capacity (the FGD paper's "tune" of 1.3).
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from scheduler.cluster.node import GPU_MILLI
+
+__all__ = [
+    "MIX_KEYS",
+    "TraceError",
+    "TraceNode",
+    "TracePod",
+    "gpu_capacity_milli",
+    "inflate",
+    "load_nodes",
+    "load_pods",
+    "parse_mix",
+    "remix",
+    "shuffle_pods",
+]
+
+#: Knobs accepted by :func:`remix` / ``--mix``: the share each kind of pod should have.
+MIX_KEYS = ("gpushare", "multigpu", "gpuspec", "cpuonly")
+
+
+class TraceError(ValueError):
+    """A trace file or option is malformed; the message names the file, row and field."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceNode:
+    """One node of the trace: capacity and GPU model ('' for CPU-only nodes)."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpus: int
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class TracePod:
+    """One task of the trace.
+
+    ``gpu_milli`` is the share of each of ``num_gpu`` devices (1000 = whole); ``gpu_spec`` the
+    allowed GPU models (empty = any model).
+    """
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    num_gpu: int
+    gpu_milli: int
+    gpu_spec: tuple[str, ...] = ()
+
+    @property
+    def gpu_request_milli(self) -> int:
+        """Total GPU thousandths requested (what counts as arrived workload)."""
+        return self.num_gpu * self.gpu_milli
+
+    @property
+    def fractional(self) -> bool:
+        """True for a GPU-sharing task (part of one device)."""
+        return self.num_gpu == 1 and self.gpu_milli < GPU_MILLI
+
+
+def _read_rows(path: Path, required: Sequence[str]) -> list[tuple[int, dict[str, str]]]:
+    try:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            missing = [c for c in required if c not in (reader.fieldnames or [])]
+            if missing:
+                raise TraceError(
+                    f"{path}: missing column(s) {', '.join(missing)}; "
+                    f"expected a header with {', '.join(required)}"
+                )
+            return [(i + 2, row) for i, row in enumerate(reader)]
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read ({e.strerror}); pass an existing CSV file") from e
+
+
+def _int(path: Path, line: int, row: dict[str, str], column: str, *, lo: int = 0) -> int:
+    raw = (row.get(column) or "").strip()
+    try:
+        value = int(float(raw)) if raw else 0
+    except ValueError as e:
+        raise TraceError(
+            f"{path}:{line}: column {column!r} is {raw!r}; it must be a whole number"
+        ) from e
+    if value < lo:
+        raise TraceError(f"{path}:{line}: column {column!r} is {value}; it must be >= {lo}")
+    return value
+
+
+def load_nodes(path: str | Path) -> list[TraceNode]:
+    """Read an openb node list. Raises :class:`TraceError` naming the row and column."""
+    p = Path(path)
+    out: list[TraceNode] = []
+    seen: set[str] = set()
+    for line, row in _read_rows(p, ("sn", "cpu_milli", "memory_mib", "gpu", "model")):
+        name = (row.get("sn") or "").strip()
+        if not name or name in seen:
+            raise TraceError(f"{p}:{line}: column 'sn' is {name!r}; node names must be unique")
+        seen.add(name)
+        gpus = _int(p, line, row, "gpu")
+        model = (row.get("model") or "").strip()
+        if gpus and not model:
+            raise TraceError(f"{p}:{line}: node {name} has {gpus} GPUs but no 'model'")
+        out.append(
+            TraceNode(
+                name,
+                _int(p, line, row, "cpu_milli"),
+                _int(p, line, row, "memory_mib"),
+                gpus,
+                model,
+            )
+        )
+    if not out:
+        raise TraceError(f"{p}: no nodes; the file needs at least one data row")
+    return out
+
+
+def load_pods(path: str | Path) -> list[TracePod]:
+    """Read an openb pod list. Raises :class:`TraceError` naming the row and column."""
+    p = Path(path)
+    out: list[TracePod] = []
+    cols = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
+    for line, row in _read_rows(p, cols):
+        name = (row.get("name") or "").strip()
+        if not name:
+            raise TraceError(f"{p}:{line}: column 'name' is empty; every pod needs a name")
+        num_gpu = _int(p, line, row, "num_gpu")
+        milli = _int(p, line, row, "gpu_milli")
+        if num_gpu == 0:
+            milli = 0
+        elif not 0 < milli <= GPU_MILLI:
+            raise TraceError(
+                f"{p}:{line}: pod {name} asks for {num_gpu} GPU(s) with gpu_milli={milli}; "
+                f"gpu_milli must be in 1..{GPU_MILLI}"
+            )
+        elif num_gpu > 1 and milli != GPU_MILLI:
+            raise TraceError(
+                f"{p}:{line}: pod {name} shares a GPU (gpu_milli={milli}) across {num_gpu} "
+                "devices; only single-GPU pods may take part of a device"
+            )
+        spec = tuple(sorted({s.strip() for s in (row.get("gpu_spec") or "").split("|")} - {""}))
+        out.append(
+            TracePod(
+                name,
+                _int(p, line, row, "cpu_milli"),
+                _int(p, line, row, "memory_mib"),
+                num_gpu,
+                milli,
+                spec,
+            )
+        )
+    if not out:
+        raise TraceError(f"{p}: no pods; the file needs at least one data row")
+    return out
+
+
+def gpu_capacity_milli(nodes: Iterable[TraceNode]) -> int:
+    """Cluster GPU capacity in thousandths."""
+    return sum(n.gpus for n in nodes) * GPU_MILLI
+
+
+def shuffle_pods(pods: Sequence[TracePod], seed: int) -> list[TracePod]:
+    """A seeded shuffle (the same seed always gives the same order)."""
+    out = list(pods)
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def inflate(
+    pods: Sequence[TracePod], factor: float, capacity_milli: int, seed: int
+) -> list[TracePod]:
+    """Append re-sampled copies until total GPU request >= ``factor`` x ``capacity_milli``.
+
+    Copies are drawn uniformly (with replacement) from ``pods`` and renamed ``<name>-c<n>`` so
+    every arriving pod has a unique name. A factor the list already meets adds nothing.
+    """
+    if factor <= 0:
+        raise TraceError(f"--inflate is {factor}; it must be a positive multiple such as 1.3")
+    out = list(pods)
+    total = sum(p.gpu_request_milli for p in out)
+    target = factor * capacity_milli
+    if total >= target:
+        return out
+    if not any(p.gpu_request_milli for p in pods):
+        raise TraceError("--inflate needs GPU pods in the pod list; this list has none")
+    rng = random.Random(seed * 7919 + 1)
+    n = 0
+    while total < target:
+        src = pods[rng.randrange(len(pods))]
+        n += 1
+        out.append(replace(src, name=f"{src.name}-c{n}"))
+        total += src.gpu_request_milli
+    return out
+
+
+def parse_mix(text: str | None) -> dict[str, float]:
+    """Parse ``--mix gpushare=0.6,multigpu=0.1`` into ``{knob: share}``."""
+    if not text:
+        return {}
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        key, sep, raw = part.partition("=")
+        key = key.strip()
+        if not sep or key not in MIX_KEYS:
+            raise TraceError(
+                f"--mix entry {part!r} is not KNOB=SHARE; knobs are {', '.join(MIX_KEYS)}"
+            )
+        try:
+            share = float(raw)
+        except ValueError as e:
+            raise TraceError(f"--mix {key}={raw!r}: the share must be a number in [0, 1)") from e
+        if not 0 <= share < 1:
+            raise TraceError(f"--mix {key}={share}: the share must be in [0, 1)")
+        out[key] = share
+    return out
+
+
+def _resample_share(
+    pods: list[TracePod],
+    rng: random.Random,
+    population: Sequence[int],
+    is_kind: Sequence[bool],
+    share: float,
+) -> None:
+    """Replace pods (indices in ``population``) by copies of the kind until its share is met."""
+    kind = [i for i, k in zip(population, is_kind, strict=True) if k]
+    other = [i for i, k in zip(population, is_kind, strict=True) if not k]
+    want = round(share * len(population))
+    if len(kind) < want and kind and other:
+        donors = [pods[i] for i in kind]
+        for i in rng.sample(other, min(len(other), want - len(kind))):
+            pods[i] = replace(rng.choice(donors), name=pods[i].name)
+    elif len(kind) > want and other:
+        donors = [pods[i] for i in other]
+        for i in rng.sample(kind, len(kind) - want):
+            pods[i] = replace(rng.choice(donors), name=pods[i].name)
+
+
+def remix(
+    pods: Sequence[TracePod], mix: dict[str, float], nodes: Sequence[TraceNode], seed: int
+) -> list[TracePod]:
+    """Re-sample ``pods`` towards another type mix; names are kept, so each stays unique.
+
+    - ``cpuonly``: share of all pods that ask for no GPU;
+    - ``gpushare``: share of GPU pods that take part of one device;
+    - ``multigpu``: share of GPU pods that take more than one device;
+    - ``gpuspec``: share of GPU pods restricted to one GPU model, drawn in proportion to the
+      models' GPU counts among nodes big enough for the pod.
+    """
+    rng = random.Random(seed * 104729 + 17)
+    out = list(pods)
+    if "cpuonly" in mix:
+        idx = list(range(len(out)))
+        _resample_share(out, rng, idx, [p.num_gpu == 0 for p in out], mix["cpuonly"])
+    gpu_idx = [i for i, p in enumerate(out) if p.num_gpu]
+    if "gpushare" in mix:
+        _resample_share(out, rng, gpu_idx, [out[i].fractional for i in gpu_idx], mix["gpushare"])
+    if "multigpu" in mix:
+        _resample_share(out, rng, gpu_idx, [out[i].num_gpu > 1 for i in gpu_idx], mix["multigpu"])
+    if mix.get("gpuspec"):
+        for i in gpu_idx:
+            if out[i].gpu_spec or rng.random() >= mix["gpuspec"]:
+                continue
+            fit = [n for n in nodes if n.gpus >= out[i].num_gpu and n.model]
+            if fit:
+                model = rng.choices([n.model for n in fit], [n.gpus for n in fit])[0]
+                out[i] = replace(out[i], gpu_spec=(model,))
+    return out

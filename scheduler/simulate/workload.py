@@ -1,0 +1,299 @@
+"""The work of a scenario: jobs (pods by template x count) and their PodGroups.
+
+A job becomes API-shaped Pod objects converted by :func:`scheduler.cluster.podspec.pod_from_k8s`
+and PodGroups converted by :func:`scheduler.cluster.queuespec.gang_from_k8s`, exactly as the
+live cache does, so a scenario means what the same objects would mean in a cluster. Jobs
+without a PodGroup get one implicit gang per pod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from scheduler.cluster.gang import Gang
+from scheduler.cluster.pod import Pod
+from scheduler.cluster.podspec import QUEUE_LABEL, PodSpecError, pod_from_k8s
+from scheduler.cluster.queuespec import SpecError, gang_from_k8s
+from scheduler.simulate.fields import (
+    ScenarioError,
+    check_known,
+    read_count,
+    read_list,
+    read_mapping,
+    read_name,
+    read_seconds,
+    read_string_map,
+)
+
+__all__ = [
+    "DEFAULT_PRIORITY_CLASSES",
+    "SCHEDULER_NAME",
+    "JobArrival",
+    "PodGroupDef",
+    "parse_jobs",
+    "pod_groups",
+    "priority_classes",
+]
+
+#: Pods in a scenario are addressed to this scheduler, so the simulator manages them all.
+SCHEDULER_NAME = "kai-scheduler"
+#: The priority classes KAI installs; a scenario's ``priorityClasses`` adds to or overrides them.
+DEFAULT_PRIORITY_CLASSES: dict[str, int] = {"train": 50, "build": 100, "inference": 125}
+
+
+@dataclass(frozen=True)
+class JobArrival:
+    """The pods of one job, created together at ``at`` simulated seconds."""
+
+    name: str
+    at: float
+    #: Seconds each pod runs once bound; None means it runs until the simulation ends.
+    duration: float | None
+    pods: tuple[Pod, ...]
+    #: The gang every pod belongs to (an explicit PodGroup or, per pod, an implicit one).
+    gangs: tuple[Gang, ...]
+
+
+def priority_classes(raw: Any) -> dict[str, int]:
+    """KAI's default PriorityClasses plus the scenario's ``priorityClasses`` (name: value)."""
+    classes = dict(DEFAULT_PRIORITY_CLASSES)
+    for name, value in read_mapping(raw, "priorityClasses").items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ScenarioError(f"priorityClasses.{name}", f"{value!r} must be a whole number")
+        classes[str(name)] = value
+    return classes
+
+
+@dataclass(frozen=True)
+class PodGroupDef:
+    """A PodGroup object from ``podGroups`` (resolved into a Gang once we know its arrival)."""
+
+    obj: Mapping[str, Any]
+    path: str
+
+
+def pod_groups(raw: Any) -> dict[str, PodGroupDef]:
+    """The ``podGroups`` section, keyed by ``namespace/name``."""
+    groups: dict[str, PodGroupDef] = {}
+    for i, entry in enumerate(read_list(raw, "podGroups")):
+        path = f"podGroups[{i}]"
+        data = dict(read_mapping(entry, path))
+        data.pop("apiVersion", None)
+        data.pop("kind", None)
+        check_known(data, path, ("metadata", "spec"))
+        meta = read_mapping(data.get("metadata"), f"{path}.metadata")
+        name = read_name(meta.get("name"), f"{path}.metadata.name")
+        namespace = meta.get("namespace") or "default"
+        key = f"{namespace}/{name}"
+        if key in groups:
+            raise ScenarioError(f"{path}.metadata.name", f"PodGroup {key} is defined twice")
+        read_mapping(data.get("spec"), f"{path}.spec")
+        groups[key] = PodGroupDef({**data, "metadata": {**meta, "namespace": namespace}}, path)
+    return groups
+
+
+_JOB_FIELDS = ("name", "namespace", "queue", "at", "duration", "priorityClassName", "podGroup",
+               "pods")  # fmt: skip
+_POD_FIELDS = ("count", "template", "resources", "annotations", "nodeSelector", "tolerations")
+
+
+def _template(pods: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """The pod template, with the shorthands folded into it."""
+    template = dict(read_mapping(pods.get("template"), f"{path}.template"))
+    meta = dict(read_mapping(template.get("metadata"), f"{path}.template.metadata"))
+    spec = dict(read_mapping(template.get("spec"), f"{path}.template.spec"))
+    if pods.get("resources") is not None:
+        if spec.get("containers"):
+            raise ScenarioError(
+                f"{path}.resources", "set resources or template.spec.containers, not both"
+            )
+        requests = read_mapping(pods["resources"], f"{path}.resources")
+        spec["containers"] = [{"name": "main", "resources": {"requests": dict(requests)}}]
+    if pods.get("annotations") is not None:
+        meta["annotations"] = {
+            **read_string_map(meta.get("annotations"), f"{path}.template.metadata.annotations"),
+            **read_string_map(pods["annotations"], f"{path}.annotations"),
+        }
+    if pods.get("nodeSelector") is not None:
+        spec["nodeSelector"] = read_string_map(pods["nodeSelector"], f"{path}.nodeSelector")
+    if pods.get("tolerations") is not None:
+        spec["tolerations"] = read_list(pods["tolerations"], f"{path}.tolerations")
+    if not spec.get("containers"):
+        raise ScenarioError(
+            f"{path}.template.spec.containers",
+            "a pod needs at least one container; or give pods.resources, "
+            "e.g. {nvidia.com/gpu: 1, cpu: 4}",
+        )
+    return {"metadata": meta, "spec": spec}
+
+
+def _job(
+    entry: Any,
+    path: str,
+    queue_names: set[str],
+    groups: dict[str, PodGroupDef],
+    priorities: dict[str, int],
+) -> tuple[JobArrival, str | None]:
+    """One job; also returns the key of a shared PodGroup it uses (to check consistency)."""
+    data = read_mapping(entry, path)
+    check_known(data, path, _JOB_FIELDS)
+    name = read_name(data.get("name"), f"{path}.name")
+    namespace = data.get("namespace") or "default"
+    at = read_seconds(data.get("at", 0), f"{path}.at")
+    duration = (
+        None if data.get("duration") is None else read_seconds(data["duration"], f"{path}.duration")
+    )
+    pods_raw = read_mapping(data.get("pods"), f"{path}.pods")
+    if not pods_raw:
+        raise ScenarioError(f"{path}.pods", "required: give count and template (or resources)")
+    check_known(pods_raw, f"{path}.pods", _POD_FIELDS)
+    count = read_count(pods_raw.get("count", 1), f"{path}.pods.count")
+    template = _template(pods_raw, f"{path}.pods")
+    pc = data.get("priorityClassName") or ""
+    if pc and pc not in priorities:
+        raise ScenarioError(
+            f"{path}.priorityClassName",
+            f"PriorityClass {pc!r} is not defined; add it under priorityClasses "
+            f"or use one of {', '.join(sorted(priorities))}",
+        )
+    job_queue = data.get("queue")
+
+    # The gang: a shared PodGroup by name, an inline PodGroup spec, or none (implicit gangs).
+    group_raw = data.get("podGroup")
+    shared_key: str | None = None
+    gang: Gang | None = None
+    if isinstance(group_raw, str):
+        shared_key = group_raw if "/" in group_raw else f"{namespace}/{group_raw}"
+        if shared_key not in groups:
+            raise ScenarioError(
+                f"{path}.podGroup",
+                f"PodGroup {shared_key} is not defined under podGroups "
+                f"(or give an inline spec such as {{minMember: {count}}})",
+            )
+        gdef = groups[shared_key]
+        gang = _gang(gdef.obj, gdef.path, job_queue, priorities, at)
+    elif group_raw is not None:
+        spec = dict(read_mapping(group_raw, f"{path}.podGroup"))
+        spec.setdefault("minMember", count)
+        if pc:
+            spec.setdefault("priorityClassName", pc)
+        obj = {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
+        gang = _gang(obj, f"{path}.podGroup", job_queue, priorities, at, spec_prefix="")
+    queue = (gang.queue if gang else None) or job_queue
+    if not queue:
+        raise ScenarioError(f"{path}.queue", "required (the queue this job's pods go to)")
+    if not isinstance(queue, str) or queue not in queue_names:
+        field_path = f"{path}.queue" if job_queue else f"{path}.podGroup.queue"
+        raise ScenarioError(
+            field_path,
+            f"queue {queue!r} is not defined under queues; known: {', '.join(sorted(queue_names))}",
+        )
+
+    pods: list[Pod] = []
+    gangs: list[Gang] = [gang] if gang else []
+    for k in range(count):
+        pod_name = name if count == 1 else f"{name}-{k}"
+        meta = dict(template["metadata"])
+        labels = {**read_string_map(meta.get("labels"), f"{path}.pods.template.metadata.labels")}
+        labels[QUEUE_LABEL] = queue
+        annotations = read_string_map(
+            meta.get("annotations"), f"{path}.pods.template.metadata.annotations"
+        )
+        if gang is not None:
+            annotations["pod-group-name"] = gang.name
+        spec = {**template["spec"], "schedulerName": SCHEDULER_NAME}
+        if pc:
+            spec["priority"] = priorities[pc]
+            spec["priorityClassName"] = pc
+        obj = {
+            "metadata": {
+                **meta,
+                "name": pod_name,
+                "namespace": namespace,
+                "uid": f"{namespace}/{pod_name}",
+                "labels": labels,
+                "annotations": annotations,
+            },
+            "spec": spec,
+        }
+        try:
+            pod = pod_from_k8s(obj, scheduler_name=SCHEDULER_NAME, default_queue=queue)
+        except PodSpecError as e:
+            raise ScenarioError(f"{path}.pods.template.{e.field}", e.message) from e
+        except (TypeError, AttributeError) as e:
+            raise ScenarioError(f"{path}.pods.template", f"not a valid pod template: {e}") from e
+        pod = replace(pod, queue=queue, creation_time=at)
+        if gang is None:
+            implicit = Gang(
+                namespace=namespace,
+                name=pod_name,
+                min_member=1,
+                queue=queue,
+                priority=pod.priority,
+                preemptible=pod.priority < 100,
+                creation_time=at,
+                implicit=True,
+            )
+            gangs.append(implicit)
+            pod = replace(pod, gang=implicit.key)
+        else:
+            pod = replace(pod, gang=gang.key)
+        pods.append(pod)
+    return JobArrival(name, at, duration, tuple(pods), tuple(gangs)), shared_key
+
+
+def _gang(
+    obj: Mapping[str, Any],
+    path: str,
+    job_queue: Any,
+    priorities: dict[str, int],
+    at: float,
+    spec_prefix: str = "spec.",
+) -> Gang:
+    try:
+        gang = gang_from_k8s(obj, default_queue=job_queue or "", priorities=priorities)
+    except SpecError as e:
+        field_name = e.field.removeprefix("spec.") if not spec_prefix else e.field
+        raise ScenarioError(f"{path}.{field_name}", e.message) from e
+    return replace(gang, creation_time=at)
+
+
+def parse_jobs(
+    raw: Any,
+    queue_names: set[str],
+    groups: dict[str, PodGroupDef],
+    priorities: dict[str, int],
+) -> tuple[JobArrival, ...]:
+    """The ``jobs`` section; pod and job names must be unique per namespace."""
+    jobs: list[JobArrival] = []
+    shared_keys: list[str | None] = []
+    pod_keys: set[str] = set()
+    job_names: set[tuple[str, str]] = set()
+    for i, entry in enumerate(read_list(raw, "jobs")):
+        path = f"jobs[{i}]"
+        job, shared_key = _job(entry, path, queue_names, groups, priorities)
+        ns = job.pods[0].namespace
+        if (ns, job.name) in job_names:
+            raise ScenarioError(f"{path}.name", f"job {ns}/{job.name} is defined twice")
+        job_names.add((ns, job.name))
+        for pod in job.pods:
+            if pod.key in pod_keys:
+                raise ScenarioError(
+                    f"{path}.name", f"pod {pod.key} clashes with a pod of another job; rename"
+                )
+            pod_keys.add(pod.key)
+        jobs.append(job)
+        shared_keys.append(shared_key)
+    # Jobs sharing a PodGroup share one gang: it exists from the earliest job's arrival.
+    first: dict[str, float] = {}
+    for job, key in zip(jobs, shared_keys, strict=True):
+        if key:
+            first[key] = min(first.get(key, job.at), job.at)
+    return tuple(
+        replace(job, gangs=tuple(replace(g, creation_time=first[key]) for g in job.gangs))
+        if key
+        else job
+        for job, key in zip(jobs, shared_keys, strict=True)
+    )

@@ -1,0 +1,49 @@
+"""Gang placement: greedy + CP-SAT over node equivalence classes, independently validated.
+
+Public API:
+
+- :func:`solve` (snapshot, settings, report) -> :class:`Placement` - one cycle; synchronous,
+  run it in a worker thread. Every pending gang gets a :class:`GangOutcome`.
+- :func:`validate` (snapshot, assignments) -> list of violations (empty = valid); shares no
+  code with the engines.
+- :class:`ClusterState` - mutable free resources per node grouped in equivalence classes:
+  ``ClusterState.from_snapshot(s)``, ``.apply(assignment, pod=None)``, ``.release(pod_uid)``.
+- :func:`place_gangs` (state, [GangRequest], scorer=None, book=None) -> :class:`GreedyResult`
+  - the greedy pass on a ClusterState, without building snapshots. This is what a simulator
+  uses for per-pod trace replay: keep one ClusterState, call ``place_gangs`` with the new
+  gangs each tiny cycle (assignments are applied to the state), ``release`` pods when they
+  finish. A :class:`GangRequest` is (key, queue, priority, preemptible, required pods, extra
+  pods); pass a :class:`~scheduler.solver.queues.QueueBook` to enforce queue limits/quota.
+- Scorers: any :class:`scheduler.framework.NodeScorer`; default
+  :class:`scheduler.plugins.packing.PackingScorer` (binpack/spread).
+"""
+
+from scheduler.solver.greedy import GangRequest, GreedyResult, place_gangs
+from scheduler.solver.placement import (
+    GangOutcome,
+    Placement,
+    PlacementSettings,
+    PodAssignment,
+    SolveStatus,
+    Strategy,
+)
+from scheduler.solver.queues import QueueBook
+from scheduler.solver.solve import solve
+from scheduler.solver.state import ClusterState
+from scheduler.solver.validate import validate
+
+__all__ = [
+    "ClusterState",
+    "GangOutcome",
+    "GangRequest",
+    "GreedyResult",
+    "Placement",
+    "PlacementSettings",
+    "PodAssignment",
+    "QueueBook",
+    "SolveStatus",
+    "Strategy",
+    "place_gangs",
+    "solve",
+    "validate",
+]

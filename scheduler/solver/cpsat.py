@@ -1,0 +1,360 @@
+"""CP-SAT over the aggregated model: node classes x patterns, gangs admitted or not.
+
+Data -> variables -> constraints -> objective -> solve -> read back:
+
+- ``z[c, p]`` (int, 0..|c|): nodes of class ``c`` that take pattern ``p`` (a multiset of pod
+  shapes; see :mod:`scheduler.solver.patterns`). The empty pattern is the slack.
+- ``y[g]`` (bool): gang ``g`` admitted - all its required pods placed. Gangs of priorities
+  above the frontier (the highest priority where greedy left a gang out) are fixed to 1:
+  greedy proved they all fit together, and priority dominates everything below it.
+- ``f[q, r]`` (int): work of leaf queue ``q`` in resource ``r`` admitted within what is left
+  of its fair share.
+
+Constraints: per class, patterns use at most its nodes; per shape, pattern slots equal the
+pods of admitted gangs (so gangs are whole); queue limits at every level; the leaf quota
+for non-preemptible gangs; ``f`` bounded by the remaining fair share and the admitted work.
+
+Objective (maximise, lexicographic by integer weights; numbers in
+:class:`ObjectiveWeights`): ``K_A * (K_F * sum f + sum w_g y_g) + Q_off - sum dq z``,
+i.e. fairness, then admitted work, then placement quality (``dq`` = change of
+:func:`scheduler.plugins.packing.node_cost`, ``Q_off`` keeps the value non-negative).
+
+Running pods are not variables yet; reclaim, preemption, consolidation and elastic shrink
+add them as patterns that *remove* shapes from a node's state (negative counts against a
+class's current load) plus eviction costs in the objective - the same z/y structure.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+from ortools.sat.python import cp_model
+
+from scheduler.cluster.pod import Pod
+from scheduler.cluster.queue import UNLIMITED, QueueTree
+from scheduler.fairness import FairShareReport
+from scheduler.plugins.packing import Strategy
+from scheduler.solver.greedy import GangRequest, shape_key
+from scheduler.solver.patterns import ClassInfo, Pattern, PatternSet, enumerate_patterns, pack
+
+__all__ = ["CpResult", "ModelGang", "ObjectiveWeights", "optimize"]
+
+log = structlog.get_logger(__name__)
+
+#: Work and fair-share units: a tenth of a GPU, one CPU core.
+UNITS = {"gpu": 100, "cpu": 1000}
+
+
+@dataclass(frozen=True)
+class ModelGang:
+    """A gang in the model: fixed (must stay admitted) or free."""
+
+    request: GangRequest
+    fixed: bool
+    work: int
+    units: Mapping[str, int]
+    ask: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class ObjectiveWeights:
+    """Integer weights of the lexicographic objective."""
+
+    fair: int  # K_F: one unit of within-fair-share work beats all plain work
+    admit: int  # K_A: one unit of admitted work beats any quality change
+    quality_offset: int  # Q_off
+
+
+@dataclass
+class CpResult:
+    """What CP-SAT found (in model scale), ready to disaggregate."""
+
+    status: str
+    objective: int
+    bound: int
+    greedy_objective: int
+    admitted: set[str] = field(default_factory=set)
+    #: node name -> pods to place there (canonical packing gives their devices)
+    node_pods: dict[str, list[Pod]] = field(default_factory=dict)
+    build_seconds: float = 0.0
+    solve_seconds: float = 0.0
+    #: False when CP-SAT returned no solution (UNKNOWN/INFEASIBLE/MODEL_INVALID)
+    usable: bool = True
+
+
+def work_units(ask: Mapping[str, int]) -> dict[str, int]:
+    """Queue usage in objective units (rounded up, so any work counts)."""
+    return {r: -(-ask.get(r, 0) // u) for r, u in UNITS.items()}
+
+
+def optimize(
+    *,
+    classes: Sequence[ClassInfo],
+    gangs: Sequence[ModelGang],
+    hint_nodes: Mapping[str, list[Pod]],
+    hint_admitted: set[str],
+    tree: QueueTree,
+    report: FairShareReport,
+    gpu_strategy: Strategy,
+    cpu_strategy: Strategy,
+    time_limit: float,
+    workers: int,
+    pattern_cap: int = 48,
+    cycle: int | None = None,
+) -> CpResult | None:
+    """Build and solve the model; None when CP-SAT finds nothing usable."""
+    started = time.perf_counter()
+    model = cp_model.CpModel()
+
+    # --- data: shapes and per-gang counts ----------------------------------------------
+    shape_ids: dict[object, int] = {}
+    shapes: list[Pod] = []
+    counts: list[Counter[int]] = []
+    for g in gangs:
+        c: Counter[int] = Counter()
+        for pod in g.request.required:
+            sid = shape_ids.setdefault(shape_key(pod), len(shapes))
+            if sid == len(shapes):
+                shapes.append(pod)
+            c[sid] += 1
+        counts.append(c)
+    demand = [0] * len(shapes)
+    for c in counts:
+        for s, n in c.items():
+            demand[s] += n
+
+    # --- hint patterns from greedy: node -> multiset of shapes --------------------------
+    node_class = {name: ci for ci, info in enumerate(classes) for name in info.members}
+    hint_z: list[Counter[Pattern]] = [Counter() for _ in classes]
+    for name, pods in hint_nodes.items():
+        ci = node_class.get(name)
+        if ci is None:
+            return None  # greedy used a node outside the classes: nothing sound to compare
+        pattern = tuple(sorted(Counter(shape_ids[shape_key(p)] for p in pods).items()))
+        hint_z[ci][pattern] += 1
+
+    # --- variables: z[c, p] nodes of class c on pattern p --------------------------------
+    z: list[list[cp_model.IntVar]] = []
+    pattern_sets: list[PatternSet] = []
+    slots: list[list[tuple[int, cp_model.IntVar]]] = [[] for _ in shapes]
+    quality_terms: list[tuple[cp_model.IntVar, int]] = []
+    q_min = q_max = 0
+    for ci, info in enumerate(classes):
+        ps = enumerate_patterns(
+            info,
+            shapes,
+            demand,
+            list(hint_z[ci]),
+            gpu=gpu_strategy,
+            cpu=cpu_strategy,
+            cap=pattern_cap,
+        )
+        missing = set(hint_z[ci]) - set(ps.patterns)
+        if missing:
+            log.warning("hint_pattern_infeasible", cycle=cycle, patterns=len(missing))
+            return None
+        pattern_sets.append(ps)
+        n = len(info.members)
+        row = []
+        for pi, pattern in enumerate(ps.patterns):
+            var = model.new_int_var(0, n, f"z{ci}_{pi}")
+            row.append(var)
+            for s, k in pattern:
+                slots[s].append((k, var))
+            if ps.delta[pi]:
+                quality_terms.append((var, ps.delta[pi]))
+        z.append(row)
+        if row:
+            # class c: patterns use at most its nodes
+            model.add(sum(row) <= n)
+            q_min += n * min(0, *ps.delta)
+            q_max += n * max(0, *ps.delta)
+
+    # --- y[g] admitted (fixed gangs are 1) ------------------------------------------------
+    y = [
+        model.new_constant(1) if g.fixed else model.new_bool_var(f"y{i}")
+        for i, g in enumerate(gangs)
+    ]
+    # shape s: slots in patterns == pods of admitted gangs (whole gangs only)
+    for s in range(len(shapes)):
+        pods_of_s = [(c[s], y[i]) for i, c in enumerate(counts) if c.get(s)]
+        model.add(sum(k * v for k, v in slots[s]) == sum(k * v for k, v in pods_of_s))
+
+    # queue limits at every level, non-preemptible quota at the leaf
+    for name, terms, cap in _queue_rows(gangs, tree, report):
+        model.add(sum(a * y[i] for i, a in terms) <= cap).with_name(name)
+
+    # fairness: f[q, r] <= remaining fair share, <= admitted work of q
+    fair_vars: list[cp_model.IntVar] = []
+    free_idx = [i for i, g in enumerate(gangs) if not g.fixed]
+    fixed_use: dict[str, Counter[str]] = {}
+    for g in gangs:
+        if g.fixed:
+            fixed_use.setdefault(g.request.queue, Counter()).update(g.ask)
+    by_queue: dict[str, list[int]] = {}
+    for i in free_idx:
+        by_queue.setdefault(gangs[i].request.queue, []).append(i)
+    hint_f: list[int] = []
+    for q, idx in sorted(by_queue.items()):
+        qs = report.queues.get(q)
+        if qs is None:
+            continue
+        for r, unit in UNITS.items():
+            room = qs.fair_share.get(r, 0) - qs.allocated.get(r, 0)
+            room -= fixed_use.get(q, Counter())[r]
+            room = max(0, room) // unit
+            work = [(gangs[i].units[r], y[i]) for i in idx if gangs[i].units[r] > 0]
+            if room <= 0 or not work:
+                continue
+            f = model.new_int_var(0, room, f"f_{q}_{r}")
+            model.add(f <= sum(a * v for a, v in work))
+            fair_vars.append(f)
+            hint_f.append(
+                min(
+                    room,
+                    sum(gangs[i].units[r] for i in idx if gangs[i].request.key in hint_admitted),
+                )
+            )
+
+    work_max = sum(gangs[i].work for i in free_idx)
+    weights = ObjectiveWeights(fair=work_max + 1, admit=(q_max - q_min) + 1, quality_offset=q_max)
+    admit_expr = weights.fair * sum(fair_vars) + sum(gangs[i].work * y[i] for i in free_idx)
+    quality_expr = sum(d * v for v, d in quality_terms)
+    model.maximize(weights.admit * admit_expr + weights.quality_offset - quality_expr)
+
+    # --- hint: the greedy answer, complete ------------------------------------------------
+    for ci, ps in enumerate(pattern_sets):
+        for pi, pattern in enumerate(ps.patterns):
+            model.add_hint(z[ci][pi], hint_z[ci].get(pattern, 0))
+    for i in free_idx:
+        model.add_hint(y[i], 1 if gangs[i].request.key in hint_admitted else 0)
+    for f, v in zip(fair_vars, hint_f, strict=True):
+        model.add_hint(f, v)
+    greedy_quality = sum(
+        n * ps.delta[ps.patterns.index(p)]
+        for ci, ps in enumerate(pattern_sets)
+        for p, n in hint_z[ci].items()
+    )
+    greedy_admit = weights.fair * sum(hint_f) + sum(
+        gangs[i].work for i in free_idx if gangs[i].request.key in hint_admitted
+    )
+    greedy_objective = weights.admit * greedy_admit + weights.quality_offset - greedy_quality
+
+    build_seconds = time.perf_counter() - started
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, time_limit)
+    solver.parameters.num_workers = max(1, workers)
+    code = solver.solve(model)
+    solve_seconds = time.perf_counter() - started - build_seconds
+    status = solver.status_name(code)
+    log.info(
+        "cpsat_done",
+        cycle=cycle,
+        status=status,
+        classes=len(classes),
+        shapes=len(shapes),
+        patterns=sum(len(ps.patterns) for ps in pattern_sets),
+        gangs=len(gangs),
+        free_gangs=len(free_idx),
+        build_s=round(build_seconds, 4),
+        solve_s=round(solve_seconds, 4),
+    )
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        # INFEASIBLE cannot happen while the hint is feasible; UNKNOWN means no answer in
+        # time. Either way the caller keeps the greedy answer (usable=False).
+        return CpResult(
+            status=status,
+            objective=greedy_objective,
+            bound=0,
+            greedy_objective=greedy_objective,
+            build_seconds=build_seconds,
+            solve_seconds=solve_seconds,
+            usable=False,
+        )
+    result = CpResult(
+        status=status,
+        objective=round(solver.objective_value),
+        bound=round(solver.best_objective_bound),
+        greedy_objective=greedy_objective,
+        build_seconds=build_seconds,
+        solve_seconds=solve_seconds,
+    )
+    result.admitted = {g.request.key for i, g in enumerate(gangs) if solver.value(y[i])}
+    result.node_pods = _disaggregate(
+        classes, pattern_sets, z, solver, shapes, gangs, counts, result.admitted, shape_ids
+    )
+    return result
+
+
+def _queue_rows(
+    gangs: Sequence[ModelGang], tree: QueueTree, report: FairShareReport
+) -> list[tuple[str, list[tuple[int, int]], int]]:
+    """(name, [(gang index, amount)], capacity) rows for limits and non-preemptible quota."""
+    rows: list[tuple[str, list[tuple[int, int]], int]] = []
+    by_queue: dict[str, list[int]] = {}
+    for i, g in enumerate(gangs):
+        chain = tree.ancestors(g.request.queue) if g.request.queue in tree else []
+        for q in chain:
+            by_queue.setdefault(q, []).append(i)
+    for q, idx in sorted(by_queue.items()):
+        status = report.queues.get(q)
+        if status is None:
+            continue
+        for r, limit in status.limit.items():
+            if limit == UNLIMITED:
+                continue
+            terms = [(i, gangs[i].ask.get(r, 0)) for i in idx if gangs[i].ask.get(r, 0) > 0]
+            if terms:
+                rows.append((f"limit_{q}_{r}", terms, limit - status.allocated.get(r, 0)))
+        if q not in tree.queues:
+            continue
+        for r, settings in tree.queues[q].resources:
+            if settings.quota == UNLIMITED:
+                continue
+            terms = [
+                (i, gangs[i].ask.get(r, 0))
+                for i in idx
+                if gangs[i].request.queue == q
+                and not gangs[i].request.preemptible
+                and gangs[i].ask.get(r, 0) > 0
+            ]
+            if terms:
+                rows.append((f"quota_{q}_{r}", terms, settings.quota - status.allocated.get(r, 0)))
+    return rows
+
+
+def _disaggregate(
+    classes: Sequence[ClassInfo],
+    pattern_sets: Sequence[PatternSet],
+    z: Sequence[Sequence[cp_model.IntVar]],
+    solver: cp_model.CpSolver,
+    shapes: Sequence[Pod],
+    gangs: Sequence[ModelGang],
+    counts: Sequence[Counter[int]],
+    admitted: set[str],
+    shape_ids: Mapping[object, int],
+) -> dict[str, list[Pod]]:
+    """Concrete nodes per chosen pattern, and concrete pods per pattern slot."""
+    queues: list[list[Pod]] = [[] for _ in shapes]
+    for g in gangs:
+        if g.request.key in admitted:
+            for pod in g.request.required:
+                queues[shape_ids[shape_key(pod)]].append(pod)
+    for q in queues:
+        q.reverse()  # pop() takes them in gang order
+    out: dict[str, list[Pod]] = {}
+    for ci, info in enumerate(classes):
+        ps = pattern_sets[ci]
+        members = iter(info.members)
+        for pi, pattern in enumerate(ps.patterns):
+            for _ in range(solver.value(z[ci][pi])):
+                name = next(members)
+                out[name] = [queues[s].pop() for s, k in pattern for _ in range(k)]
+    return out
+
+
+__all__ += ["pack", "work_units"]

@@ -1,0 +1,60 @@
+"""From a snapshot to the list of gangs the placement passes work on, in admission order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler.cluster.gang import Gang
+from scheduler.cluster.snapshot import Snapshot
+from scheduler.fairness import FairShareReport, gang_need, pending_gangs_in_order, pending_pods
+from scheduler.solver.greedy import GangRequest
+
+__all__ = ["Problem", "build_problem"]
+
+
+@dataclass
+class Problem:
+    """Pending gangs of one cycle.
+
+    ``order`` holds the gangs that may be placed, in admission order (priority, then
+    fairness); gangs that must not be scheduled (queue findings, too few pods created) are in
+    ``pending`` but not in ``order`` and are explained after the solve.
+    """
+
+    snapshot: Snapshot
+    report: FairShareReport
+    pending: dict[str, Gang] = field(default_factory=dict)
+    order: list[GangRequest] = field(default_factory=list)
+
+    @property
+    def by_key(self) -> dict[str, GangRequest]:
+        """Placeable gangs by key."""
+        return {g.key: g for g in self.order}
+
+
+def build_problem(snapshot: Snapshot, report: FairShareReport) -> Problem:
+    """Collect pending gangs and split their pods into required and extras."""
+    problem = Problem(snapshot, report)
+    for gang in snapshot.gangs:
+        if any(p.pending for p in snapshot.pods_by_gang.get(gang.key, [])):
+            problem.pending[gang.key] = gang
+    for key in pending_gangs_in_order(snapshot, report):
+        found = problem.pending.get(key)
+        if found is None or key in report.gang_findings:
+            continue
+        gang = found
+        pods = pending_pods(snapshot, gang)
+        need = gang_need(snapshot, gang)
+        if len(pods) < need:
+            continue  # "gang 3/4 pods created": the explainer says so
+        problem.order.append(
+            GangRequest(
+                key=key,
+                queue=gang.queue,
+                priority=gang.priority,
+                preemptible=gang.preemptible,
+                required=tuple(pods[:need]),
+                extras=tuple(pods[need:]),
+            )
+        )
+    return problem

@@ -1,0 +1,40 @@
+"""Queue bookkeeping during one solve: what each queue was charged this cycle.
+
+The rules themselves (limits at every level, quota for non-preemptible work) live in
+:func:`scheduler.fairness.queue_admission_problem`, shared with the explainer, so the solver
+and the messages users read cannot disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from scheduler.cluster.queue import QUEUE_RESOURCES, QueueTree
+from scheduler.fairness import FairShareReport, queue_admission_problem
+
+__all__ = ["QueueBook"]
+
+
+class QueueBook:
+    """Usage charged to queues (leaf and ancestors) by placements made in this cycle."""
+
+    def __init__(self, tree: QueueTree, report: FairShareReport) -> None:
+        self.tree = tree
+        self.report = report
+        self.charged: dict[str, dict[str, int]] = {}
+
+    def problem(
+        self, queue: str, ask: Mapping[str, int], *, preemptible: bool
+    ) -> tuple[str, str] | None:
+        """(reason_code, message) if admitting ``ask`` to ``queue`` breaks a limit or quota."""
+        return queue_admission_problem(
+            self.tree, self.report, queue, ask, preemptible=preemptible, charged=self.charged
+        )
+
+    def charge(self, queue: str, ask: Mapping[str, int], sign: int = 1) -> None:
+        """Add (``sign`` = 1) or remove (-1) ``ask`` on the queue and all its ancestors."""
+        chain = self.tree.ancestors(queue) if queue in self.tree else [queue]
+        for name in chain:
+            row = self.charged.setdefault(name, dict.fromkeys(QUEUE_RESOURCES, 0))
+            for r in QUEUE_RESOURCES:
+                row[r] += sign * ask.get(r, 0)

@@ -1,0 +1,314 @@
+"""ClusterState: the mutable working copy of what is free on every node, grouped in classes.
+
+Nodes with the same free resources, the same multiset of free device thousandths and the
+same static traits (labels, taints, device memory, and the name only when some pod selects
+nodes by name) are interchangeable for placement: they form one *equivalence class*. The
+greedy scores one representative per class and the CP-SAT model counts pods per class, so
+both scale with the number of classes, not nodes. Classes are kept up to date on every
+:meth:`ClusterState.apply` / :meth:`ClusterState.release`.
+
+Nodes that are cordoned or NotReady keep their accounting but belong to no class, so nothing
+new is placed on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from scheduler.cluster.node import GPU_MILLI, Node
+from scheduler.cluster.pod import Pod
+from scheduler.cluster.resources import GPU, PODS, Resources
+from scheduler.cluster.snapshot import Snapshot
+from scheduler.framework.scoring import PodDemand
+from scheduler.solver.placement import PodAssignment
+
+__all__ = [
+    "ClassKey",
+    "ClusterState",
+    "NodeSlot",
+    "pick_devices",
+    "pod_demand",
+    "uses_node_name",
+]
+
+#: (static traits id, sorted free resources, sorted free thousandths per device)
+ClassKey = tuple[int, tuple[tuple[str, int], ...], tuple[int, ...]]
+
+
+def uses_node_name(pod: Pod) -> bool:
+    """True when the pod's required affinity names nodes (``matchFields metadata.name``)."""
+    return any(r.key == "metadata.name" for t in pod.affinity for r in t.requirements)
+
+
+def pod_demand(pod: Pod, node: Node) -> PodDemand | None:
+    """What ``pod`` takes from ``node``; None when its GPU share cannot be sized there."""
+    requests = pod.requests
+    if node.allocatable[PODS] > 0:
+        requests = requests + {PODS: 1}
+    if pod.gpu is not None:
+        milli = pod.gpu.milli_on(node)
+        if milli is None:
+            return None
+        return PodDemand(requests, pod.gpu.count, min(milli, GPU_MILLI))
+    if pod.requests[GPU] > 0:
+        return PodDemand(requests, pod.requests[GPU], GPU_MILLI)
+    return PodDemand(requests)
+
+
+def pick_devices(
+    gpu_free: Sequence[int], count: int, milli: int, *, spread: bool = False
+) -> tuple[int, ...] | None:
+    """Deterministic device choice: whole GPUs take the lowest free indices; shares take the
+    tightest fitting devices (binpack) or the emptiest (spread). None if they do not fit."""
+    if count <= 0:
+        return ()
+    if milli >= GPU_MILLI:
+        whole = [i for i, f in enumerate(gpu_free) if f >= GPU_MILLI]
+        return tuple(whole[:count]) if len(whole) >= count else None
+    cand = [(f, i) for i, f in enumerate(gpu_free) if f >= milli]
+    if len(cand) < count:
+        return None
+    cand.sort(key=(lambda c: (-c[0], c[1])) if spread else None)
+    return tuple(sorted(i for _, i in cand[:count]))
+
+
+class NodeSlot:
+    """One node's mutable free resources and devices (implements ``NodeView``)."""
+
+    __slots__ = ("free", "gpu_free", "key", "node", "placeable", "static_id")
+
+    def __init__(
+        self, node: Node, free: dict[str, int], gpu_free: list[int], static_id: int
+    ) -> None:
+        self.node = node
+        self.free = free
+        self.gpu_free = gpu_free
+        self.static_id = static_id
+        self.placeable = node.schedulable
+        self.key: ClassKey = self.class_key()
+
+    @property
+    def name(self) -> str:
+        """The node name."""
+        return self.node.name
+
+    def class_key(self) -> ClassKey:
+        """The equivalence class this node is in right now."""
+        return (self.static_id, tuple(sorted(self.free.items())), tuple(sorted(self.gpu_free)))
+
+    def fits(self, demand: PodDemand) -> bool:
+        """Resources fit (devices are checked by :func:`pick_devices`)."""
+        free = self.free
+        return all(free.get(k, 0) >= v for k, v in demand.requests.items() if v > 0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Static:
+    allocatable: Resources
+    labels: tuple[tuple[str, str], ...]
+    taints: tuple[object, ...]
+    gpu_memory_mib: int | None
+    name: str
+
+
+class ClusterState:
+    """Free resources per node, grouped into equivalence classes (see module docstring).
+
+    Build one with :meth:`from_snapshot`; then :meth:`apply` and :meth:`release` pods. The
+    simulator keeps one across many tiny cycles instead of building snapshots.
+    """
+
+    def __init__(self, nodes: Sequence[NodeSlot], *, by_name: bool = False) -> None:
+        self.nodes: dict[str, NodeSlot] = {s.name: s for s in nodes}
+        self.by_name = by_name
+        #: class key -> member node names (insertion-ordered, so choices are deterministic)
+        self.classes: dict[ClassKey, dict[str, None]] = {}
+        #: static id -> a node with those traits (for taint/selector checks)
+        self.static_nodes: list[Node] = []
+        self._static_ids: dict[_Static, int] = {}
+        #: pods this state knows: pending pods of the snapshot and everything applied
+        self.pods: dict[str, Pod] = {}
+        #: pod uid -> where it sits (bound pods of the snapshot and applied pods)
+        self.placed: dict[str, PodAssignment] = {}
+        self._listeners: list[Callable[[ClassKey], None]] = []
+        for slot in nodes:
+            slot.static_id = self._static_id(slot.node)
+            slot.key = slot.class_key()
+            self._join(slot)
+
+    # --- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def from_snapshot(cls, snapshot: Snapshot, *, by_name: bool | None = None) -> ClusterState:
+        """Free resources after the snapshot's bound pods; pending pods become known pods.
+
+        ``by_name`` keeps every node in its own class; by default it is on only when some
+        pending pod selects nodes by name.
+        """
+        states = snapshot.node_states()
+        counts: dict[str, int] = {}
+        for p in snapshot.pods:
+            if p.bound and p.active and p.node_name in states:
+                counts[p.node_name or ""] = counts.get(p.node_name or "", 0) + 1
+        slots = []
+        for name, st in states.items():
+            free = dict(st.node.allocatable - st.used)
+            if st.node.allocatable[PODS] > 0:
+                free[PODS] = free.get(PODS, 0) - counts.get(name, 0)
+            slots.append(NodeSlot(st.node, free, list(st.gpu_free), 0))
+        pending = [p for p in snapshot.pods if p.pending]
+        if by_name is None:
+            by_name = any(uses_node_name(p) for p in pending)
+        state = cls(slots, by_name=by_name)
+        for p in pending:
+            state.pods[p.uid] = p
+        for p in snapshot.pods:
+            if p.bound and p.active and p.node_name in states:
+                state.pods[p.uid] = p
+                state.placed[p.uid] = PodAssignment(
+                    p.uid, p.key, p.gang, p.node_name or "", p.gpu_grant
+                )
+        return state
+
+    def split_by_name(self) -> None:
+        """Give every node its own static traits (needed once a pod selects nodes by name)."""
+        if self.by_name:
+            return
+        self.by_name = True
+        self.classes = {}
+        self.static_nodes = []
+        self._static_ids = {}
+        for slot in self.nodes.values():
+            slot.static_id = self._static_id(slot.node)
+            slot.key = slot.class_key()
+            self._join(slot)
+
+    def _static_id(self, node: Node) -> int:
+        key = _Static(
+            node.allocatable,
+            node.labels,
+            tuple(node.taints),
+            node.gpu_memory_mib,
+            node.name if self.by_name else "",
+        )
+        sid = self._static_ids.get(key)
+        if sid is None:
+            sid = len(self.static_nodes)
+            self._static_ids[key] = sid
+            self.static_nodes.append(node)
+        return sid
+
+    # --- classes --------------------------------------------------------------------------
+
+    def _join(self, slot: NodeSlot) -> None:
+        if not slot.placeable:
+            return
+        members = self.classes.get(slot.key)
+        if members is None:
+            members = self.classes[slot.key] = {}
+        members[slot.name] = None
+        if len(members) == 1:
+            for listener in self._listeners:
+                listener(slot.key)
+
+    def _leave(self, slot: NodeSlot) -> None:
+        members = self.classes.get(slot.key)
+        if members is None:
+            return
+        members.pop(slot.name, None)
+        if not members:
+            del self.classes[slot.key]
+
+    def subscribe(self, listener: Callable[[ClassKey], None]) -> Callable[[], None]:
+        """Call ``listener(key)`` whenever a class gains its first member; returns an undo."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def class_members(self, key: ClassKey) -> Iterator[str]:
+        """Names of the nodes in a class (empty if the class is empty)."""
+        return iter(self.classes.get(key, {}))
+
+    def representative(self, key: ClassKey) -> NodeSlot | None:
+        """Some node of the class, or None when the class is empty."""
+        members = self.classes.get(key)
+        return self.nodes[next(iter(members))] if members else None
+
+    # --- changes --------------------------------------------------------------------------
+
+    def demand(self, pod: Pod, node: str) -> PodDemand | None:
+        """:func:`pod_demand` of ``pod`` on the named node."""
+        return pod_demand(pod, self.nodes[node].node)
+
+    def apply(self, assignment: PodAssignment, pod: Pod | None = None) -> None:
+        """Take the pod's resources and device grant on its node.
+
+        ``pod`` may be omitted for pods the state already knows. Raises ValueError (naming
+        the pod and node) when the node is unknown or the pod does not fit.
+        """
+        pod = pod or self.pods.get(assignment.pod_uid)
+        if pod is None:
+            raise ValueError(f"pod {assignment.pod_key}: unknown to this ClusterState; pass it")
+        slot = self.nodes.get(assignment.node)
+        if slot is None:
+            raise ValueError(f"pod {assignment.pod_key}: node {assignment.node} is unknown")
+        if assignment.pod_uid in self.placed:
+            raise ValueError(f"pod {assignment.pod_key} is already placed")
+        demand = pod_demand(pod, slot.node)
+        if demand is None or not slot.fits(demand):
+            raise ValueError(f"pod {assignment.pod_key} does not fit on node {slot.name}")
+        for index, milli in assignment.gpu_grant:
+            if not 0 <= index < len(slot.gpu_free) or slot.gpu_free[index] < milli:
+                raise ValueError(
+                    f"pod {assignment.pod_key}: device {index} of node {slot.name} "
+                    f"has no {milli} thousandths free"
+                )
+        self._leave(slot)
+        for k, v in demand.requests.items():
+            slot.free[k] = slot.free.get(k, 0) - v
+        for index, milli in assignment.gpu_grant:
+            slot.gpu_free[index] -= milli
+        slot.key = slot.class_key()
+        self._join(slot)
+        self.pods[pod.uid] = pod
+        self.placed[pod.uid] = assignment
+
+    def release(self, pod_uid: str) -> PodAssignment:
+        """Give back what a placed pod holds; returns its assignment. KeyError if not placed."""
+        assignment = self.placed.pop(pod_uid)
+        pod = self.pods[pod_uid]
+        slot = self.nodes[assignment.node]
+        demand = pod_demand(pod, slot.node)
+        requests: Mapping[str, int] = demand.requests if demand else pod.requests
+        self._leave(slot)
+        for k, v in requests.items():
+            slot.free[k] = slot.free.get(k, 0) + v
+        grant = assignment.gpu_grant
+        if not grant and demand is not None and demand.gpu_count:
+            # Bound without a recorded grant: give back the most used devices.
+            order = sorted(range(len(slot.gpu_free)), key=lambda i: slot.gpu_free[i])
+            grant = tuple((i, demand.gpu_milli) for i in order[: demand.gpu_count])
+        for index, milli in grant:
+            if 0 <= index < len(slot.gpu_free):
+                slot.gpu_free[index] = min(GPU_MILLI, slot.gpu_free[index] + milli)
+        slot.key = slot.class_key()
+        self._join(slot)
+        return assignment
+
+    def grant_for(
+        self, pod: Pod, node: str, *, spread: bool = False
+    ) -> tuple[tuple[int, int], ...] | None:
+        """The device grant the default packer gives ``pod`` on ``node``; None if it does not
+        fit there (resources or devices; taints and selectors are not checked here)."""
+        slot = self.nodes[node]
+        demand = pod_demand(pod, slot.node)
+        if demand is None or not slot.fits(demand):
+            return None
+        devices = pick_devices(slot.gpu_free, demand.gpu_count, demand.gpu_milli, spread=spread)
+        if devices is None:
+            return None
+        return tuple((i, demand.gpu_milli) for i in devices)
+
+    def free_of(self, node: str) -> Resources:
+        """Free resources of a node (a copy)."""
+        return Resources(self.nodes[node].free)

@@ -1,0 +1,179 @@
+"""Independent check of a placement before it leaves the solver.
+
+Deliberately shares no code with the placement engines (no ortools, no ClusterState, no
+greedy): it recomputes everything from the snapshot and the domain types, so a bug in the
+engines cannot hide itself. Checks: pods are pending and placed once; nodes exist, are Ready
+and schedulable; taints, nodeSelector and required affinity; every resource of every node;
+device grants (right count, distinct devices, right share, no device over 1000 thousandths);
+gang completeness (min_member or none); queue limits at every level; quota of the leaf queue
+for non-preemptible gangs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import replace
+
+from scheduler.cluster.node import GPU_MILLI
+from scheduler.cluster.pod import Pod
+from scheduler.cluster.queue import QUEUE_RESOURCES, UNLIMITED, pod_queue_usage
+from scheduler.cluster.resources import GPU, PODS, Resources
+from scheduler.cluster.snapshot import Snapshot
+from scheduler.solver.placement import PodAssignment
+
+__all__ = ["validate"]
+
+
+def _expected_grant(pod: Pod, node_gpu_memory: int | None) -> tuple[int, int] | None:
+    """(device count, thousandths each) the pod must get; None if it cannot be sized."""
+    if pod.gpu is not None:
+        if pod.gpu.memory_mib is None:
+            return pod.gpu.count, min(pod.gpu.milli, GPU_MILLI)
+        if not node_gpu_memory:
+            return None
+        milli = -(-pod.gpu.memory_mib * GPU_MILLI // node_gpu_memory)
+        return (pod.gpu.count, milli) if milli <= GPU_MILLI else None
+    if pod.requests[GPU] > 0:
+        return pod.requests[GPU], GPU_MILLI
+    return 0, 0
+
+
+def validate(snapshot: Snapshot, assignments: Sequence[PodAssignment]) -> list[str]:
+    """Every rule the placement breaks, as messages naming pod/node/gang/queue (empty = ok)."""
+    out: list[str] = []
+    pods = {p.uid: p for p in snapshot.pods}
+    nodes = snapshot.node_by_name
+    states = snapshot.node_states()
+    pod_count: dict[str, int] = defaultdict(int)
+    for p in snapshot.pods:
+        if p.bound and p.active and p.node_name in nodes:
+            pod_count[p.node_name or ""] += 1
+
+    added: dict[str, Resources] = defaultdict(Resources)
+    added_pods: dict[str, int] = defaultdict(int)
+    device_take: dict[tuple[str, int], int] = defaultdict(int)
+    per_gang: dict[str, int] = defaultdict(int)
+    seen: set[str] = set()
+    placed: list[tuple[Pod, PodAssignment]] = []
+    for a in assignments:
+        pod = pods.get(a.pod_uid)
+        if pod is None:
+            out.append(f"pod {a.pod_key}: not in the snapshot")
+            continue
+        if a.pod_uid in seen:
+            out.append(f"pod {pod.key}: placed twice")
+            continue
+        seen.add(a.pod_uid)
+        if not pod.pending:
+            out.append(f"pod {pod.key}: is not pending (bound, finished or not ours)")
+        if a.gang != pod.gang:
+            out.append(f"pod {pod.key}: assignment names gang {a.gang}, pod is in {pod.gang}")
+        node = nodes.get(a.node)
+        if node is None:
+            out.append(f"pod {pod.key}: node {a.node} does not exist")
+            continue
+        if not node.schedulable:
+            out.append(f"pod {pod.key}: node {node.name} is cordoned or NotReady")
+        if not pod.accepts(node):
+            out.append(f"pod {pod.key}: node {node.name} fails its taints/selector/affinity")
+        expected = _expected_grant(pod, node.gpu_memory_mib)
+        indices = [i for i, _ in a.gpu_grant]
+        if expected is None:
+            out.append(f"pod {pod.key}: GPU share cannot be sized on node {node.name}")
+        elif len(indices) != expected[0] or len(set(indices)) != len(indices):
+            out.append(
+                f"pod {pod.key}: needs {expected[0]} distinct devices on {node.name}, "
+                f"granted {list(a.gpu_grant)}"
+            )
+        else:
+            for i, milli in a.gpu_grant:
+                if milli != expected[1]:
+                    out.append(f"pod {pod.key}: device {i} granted {milli}, needs {expected[1]}")
+                if not 0 <= i < node.gpu_count:
+                    out.append(f"pod {pod.key}: node {node.name} has no device {i}")
+        for i, milli in a.gpu_grant:
+            device_take[(node.name, i)] += milli
+        added[node.name] = added[node.name] + pod.requests
+        added_pods[node.name] += 1
+        per_gang[pod.gang] += 1
+        placed.append((pod, a))
+
+    for name, extra in added.items():
+        st = states[name]
+        alloc = st.node.allocatable
+        for r, v in extra.items():
+            if v > 0 and st.used[r] + v > alloc[r]:
+                out.append(f"node {name}: {r} over capacity ({st.used[r] + v} > {alloc[r]})")
+        if alloc[PODS] > 0 and pod_count[name] + added_pods[name] > alloc[PODS]:
+            out.append(f"node {name}: more pods than allocatable pods ({alloc[PODS]})")
+    for (name, i), milli in device_take.items():
+        free = states[name].gpu_free
+        if 0 <= i < len(free) and milli > free[i]:
+            out.append(f"node {name}: device {i} over capacity ({milli} > {free[i]} free)")
+
+    gangs = snapshot.gang_by_key
+    for key, count in per_gang.items():
+        gang = gangs.get(key)
+        if gang is None:
+            out.append(f"gang {key}: not in the snapshot")
+            continue
+        running = sum(1 for p in snapshot.pods_by_gang.get(key, []) if p.bound and p.active)
+        need = max(0, gang.min_member - running)
+        if count < need:
+            out.append(f"gang {key}: {count} pods placed, needs at least {need} (all or none)")
+
+    out.extend(_queue_violations(snapshot, placed))
+    return out
+
+
+def _queue_of(snapshot: Snapshot, pod: Pod) -> str:
+    gang = snapshot.gang_by_key.get(pod.gang)
+    return gang.queue if gang is not None else pod.queue
+
+
+def _queue_violations(snapshot: Snapshot, placed: list[tuple[Pod, PodAssignment]]) -> list[str]:
+    tree = snapshot.queue_tree
+    before: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
+    for p in snapshot.pods:
+        if p.managed and p.active and p.bound:
+            for q in (
+                tree.ancestors(_queue_of(snapshot, p)) if _queue_of(snapshot, p) in tree else []
+            ):
+                for r, v in pod_queue_usage(p).items():
+                    before[q][r] += v
+    new: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
+    new_np: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
+    out: list[str] = []
+    for pod, a in placed:
+        queue = _queue_of(snapshot, pod)
+        if queue not in tree or queue in tree.broken or not tree.is_leaf(queue):
+            out.append(f"pod {pod.key}: queue {queue!r} is missing, invalid or not a leaf")
+            continue
+        use = pod_queue_usage(_with_grant(pod, a))
+        gang = snapshot.gang_by_key.get(pod.gang)
+        for q in tree.ancestors(queue):
+            for r, v in use.items():
+                new[q][r] += v
+        if gang is not None and not gang.preemptible:
+            for r, v in use.items():
+                new_np[queue][r] += v
+    for q, use in new.items():
+        queue_obj = tree.queues[q]
+        for r in QUEUE_RESOURCES:
+            limit = queue_obj.resource(r).limit
+            if use[r] > 0 and limit != UNLIMITED and before[q][r] + use[r] > limit:
+                out.append(f"queue {q}: {r} limit exceeded ({before[q][r] + use[r]} > {limit})")
+    for q, use in new_np.items():
+        for r, settings in tree.queues[q].resources:
+            over = before[q][r] + use.get(r, 0) > settings.quota
+            if use.get(r, 0) > 0 and settings.quota != UNLIMITED and over:
+                out.append(
+                    f"queue {q}: non-preemptible work over {r} quota "
+                    f"({before[q][r] + use[r]} > {settings.quota})"
+                )
+    return out
+
+
+def _with_grant(pod: Pod, a: PodAssignment) -> Pod:
+    return replace(pod, gpu_grant=a.gpu_grant) if a.gpu_grant else pod

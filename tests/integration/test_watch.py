@@ -1,0 +1,362 @@
+"""List+watch against the real API server: events reach the cache, 410 Gone relists, dropped
+connections and a vanished server are retried, a missing CRD is reported and retried, and
+the client settings (kubeconfig, server override, TLS verification) behave as the flags say."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from scheduler.cache import Cache
+from scheduler.k8s.client import ClientSettings, make_api_client, request_json
+from scheduler.k8s.errors import (
+    ClientConfigError,
+    Forbidden,
+    NotFound,
+    TemporaryError,
+)
+from scheduler.k8s.resources import NODE, POD, ResourceKind
+from scheduler.k8s.watch import Watcher, WatchSettings
+from testenv.controlplane import ControlPlane
+
+SCHED = "kai-scheduler"
+REPO = Path(__file__).resolve().parents[2]
+FAST = WatchSettings(watch_timeout=2, backoff_base=0.1, backoff_max=0.5, read_grace=5)
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def crds(control_plane: ControlPlane) -> None:
+    """Our CRDs installed and Established (idempotent across modules)."""
+    control_plane.kubectl("apply", "-f", str(REPO / "crds"))
+    control_plane.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s",
+        "crd/queues.scheduling.run.ai", "crd/podgroups.scheduling.run.ai",
+        timeout=75,
+    )  # fmt: skip
+
+
+async def kubectl(cp: ControlPlane, *args: str, input: str | None = None) -> str:
+    """kubectl off the event loop, so watches keep reading meanwhile."""
+    result = await asyncio.to_thread(cp.kubectl, *args, input=input)
+    return result.stdout
+
+
+async def eventually(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value {last!r}")
+
+
+def pod_manifest(
+    name: str, *, annotations: dict[str, str] | None = None, labels: dict[str, str] | None = None
+) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "annotations": annotations or {}, "labels": labels or {}},
+            "spec": {
+                "schedulerName": SCHED,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.invalid/fake:1",
+                        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+                    }
+                ],
+            },
+        }
+    )
+
+
+@contextlib.asynccontextmanager
+async def watching(
+    settings: ClientSettings, kinds: tuple[str | ResourceKind, ...] | None = None
+) -> AsyncIterator[tuple[Cache, Watcher]]:
+    """A cache fed by a running watcher (synced on entry), stopped on exit."""
+    api = await make_api_client(settings)
+    cache = Cache(SCHED, "default-queue")
+    watcher = Watcher(api, cache, kinds, settings=FAST) if kinds else Watcher(
+        api, cache, settings=FAST
+    )
+    task = asyncio.create_task(watcher.run())
+    try:
+        await asyncio.wait_for(watcher.synced.wait(), 30)
+        yield cache, watcher
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await api.close()
+
+
+def admin(cp: ControlPlane) -> ClientSettings:
+    return ClientSettings(kube_config=str(cp.kubeconfig))
+
+
+# --- watch -------------------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+async def test_watch_sees_every_kind_created_updated_deleted(
+    control_plane: ControlPlane, crds: None, namespace: str, make_gpu_nodes: Any
+) -> None:
+    cp = control_plane
+    async with watching(admin(cp)) as (cache, watcher):
+        assert watcher.listed == {"Pod", "Node", "Queue", "PodGroup", "PriorityClass"}
+        (node,) = await asyncio.to_thread(make_gpu_nodes, 1, gpus=4)
+        queue = f"q-{namespace}"
+        await kubectl(
+            cp, "apply", "-f", "-",
+            input=json.dumps({
+                "apiVersion": "scheduling.run.ai/v2", "kind": "Queue",
+                "metadata": {"name": queue},
+                "spec": {"resources": {"gpu": {"quota": 2}}},
+            }),
+        )  # fmt: skip
+        await kubectl(
+            cp, "apply", "-n", namespace, "-f", "-",
+            input=json.dumps({
+                "apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
+                "metadata": {"name": "train"},
+                "spec": {"minMember": 2, "queue": queue},
+            }),
+        )  # fmt: skip
+        await kubectl(cp, "apply", "-n", namespace, "-f", "-", input=pod_manifest("solo"))
+        for i in range(2):
+            manifest = pod_manifest(f"w{i}", annotations={"pod-group-name": "train"})
+            await kubectl(cp, "apply", "-n", namespace, "-f", "-", input=manifest)
+
+        def seen() -> Any:
+            snap = cache.snapshot()
+            mine = {p.name: p for p in snap.pods if p.namespace == namespace}
+            return snap if len(mine) == 3 and node in snap.node_by_name else None
+
+        snap = await eventually("pods, node, queue, podgroup in the snapshot", seen)
+        assert snap.node_by_name[node].gpu_count == 4
+        assert queue in {q.name for q in snap.queues}
+        gang = snap.gang_by_key[f"{namespace}/train"]
+        assert gang.min_member == 2 and gang.queue == queue
+        pods = {p.name: p for p in snap.pods if p.namespace == namespace}
+        assert pods["w0"].queue == queue and pods["solo"].queue == "default-queue"
+        assert all(p.pending for p in pods.values())
+
+        # Update: relabel the lone pod into another queue.
+        await kubectl(cp, "label", "pod", "solo", "-n", namespace, "kai.scheduler/queue=other")
+        await eventually(
+            "label update",
+            lambda: {p.name: p.queue for p in cache.snapshot().pods}.get("solo") == "other",
+        )
+        # Delete: pod, PodGroup and queue disappear.
+        await kubectl(cp, "delete", "pod", "solo", "-n", namespace, "--wait=false")
+        await kubectl(cp, "delete", "podgroup", "train", "-n", namespace)
+        await kubectl(cp, "delete", "queue", queue)
+
+        def gone() -> bool:
+            snap = cache.snapshot()
+            return (
+                "solo" not in {p.name for p in snap.pods if p.namespace == namespace}
+                and f"{namespace}/train" not in snap.gang_by_key
+                and queue not in {q.name for q in snap.queues}
+            )
+
+        await eventually("deletions", gone)
+        # The members now name a missing PodGroup: not scheduled, and a problem says why.
+        problems = {(p.kind, p.name): p for p in cache.problems() if p.namespace == namespace}
+        assert problems[("Pod", "w0")].reason == "PodGroupNotFound"
+
+
+@pytest.mark.e2e
+async def test_expired_resource_version_relists(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    api = await make_api_client(admin(control_plane))
+    try:
+        cache = Cache(SCHED, "default-queue")
+        watcher = Watcher(api, cache, ["Pod"], settings=FAST)
+        await watcher.run(iterations=1)  # the initial list
+        assert watcher.list_count == {"Pod": 1} and watcher.synced.is_set()
+        await kubectl(control_plane, "apply", "-n", namespace, "-f", "-", input=pod_manifest("late"))
+        # Resume from a resourceVersion far older than the API server keeps: 410 Gone.
+        watcher.resource_versions["Pod"] = "1"
+        await watcher.run(iterations=2)  # watch -> Gone -> list again
+        assert watcher.list_count == {"Pod": 2}
+        assert cache.raw("Pod", namespace, "late") is not None
+        assert int(watcher.resource_versions["Pod"]) > 1
+    finally:
+        await api.close()
+
+
+class TcpRelay:
+    """A plain TCP relay in front of the API server: dropping it cuts every connection and
+    refuses new ones, as an API server restart does."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._serve, "127.0.0.1", self.port, reuse_address=True
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, ConnectionError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, up_writer}
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    async def drop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for w in list(self._writers):
+            w.transport.abort()
+        self._writers.clear()
+        await self._server.wait_closed()
+
+
+@pytest.mark.e2e
+async def test_watch_recovers_from_dropped_connections_and_server_outage(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    cp = control_plane
+    relay = TcpRelay(int(cp.server.rsplit(":", 1)[1]))
+    await relay.start()
+    # The server flag overrides the kubeconfig's server: everything goes through the relay.
+    settings = ClientSettings(
+        kube_config=str(cp.kubeconfig), api_server=f"https://127.0.0.1:{relay.port}"
+    )
+    async with watching(settings, ("Pod", "Node")) as (cache, watcher):
+        await relay.drop()  # connections cut, port closed: the "API server" is down
+        await kubectl(cp, "apply", "-n", namespace, "-f", "-", input=pod_manifest("during"))
+        await eventually(
+            "a retried connection failure",
+            lambda: isinstance(watcher.errors.get("Pod"), TemporaryError),
+        )
+        assert cache.raw("Pod", namespace, "during") is None
+        await relay.start()  # back on the same port
+        await eventually(
+            "the pod created during the outage",
+            lambda: cache.raw("Pod", namespace, "during") is not None,
+        )
+        await eventually("healthy again", lambda: watcher.errors.get("Pod", "x") is None)
+    await relay.drop()
+
+
+@pytest.mark.e2e
+async def test_missing_crd_is_retried_while_other_kinds_sync(
+    control_plane: ControlPlane,
+) -> None:
+    widgets = ResourceKind("Widget", "widgets.example.com", "v1", "widgets", namespaced=False)
+    delays: list[float] = []
+
+    async def record_sleep(seconds: float) -> None:
+        delays.append(seconds)
+
+    api = await make_api_client(admin(control_plane))
+    try:
+        cache = Cache(SCHED, "default-queue")
+        watcher = Watcher(
+            api, cache, [NODE.kind, widgets], settings=FAST, sleep=record_sleep, rng=lambda: 1.0
+        )
+        await watcher.run(iterations=4)
+        assert "Node" in watcher.listed and "Widget" not in watcher.listed
+        assert not watcher.synced.is_set()  # no cycle may run without every kind
+        assert isinstance(watcher.errors["Widget"], NotFound)
+        # Back-off doubles per failure, capped (jitter pinned by rng=1.0).
+        assert delays[:3] == [0.1, 0.2, 0.4]
+    finally:
+        await api.close()
+
+
+# --- client ------------------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+async def test_client_errors_are_typed(control_plane: ControlPlane, namespace: str) -> None:
+    cp = control_plane
+    api = await make_api_client(admin(cp))
+    try:
+        with pytest.raises(NotFound) as missing:
+            await request_json(api, "GET", POD.object_path(namespace, "nope"))
+        assert missing.value.status == 404 and "nope" in str(missing.value)
+        assert missing.value.__cause__ is None or isinstance(missing.value.__cause__, Exception)
+    finally:
+        await api.close()
+    # A ServiceAccount without RBAC grants: 403, typed.
+    token = await asyncio.to_thread(cp.service_account_token, namespace, "default")
+    path = await asyncio.to_thread(cp.kubeconfig_for_token, token, f"sa-{namespace}")
+    api = await make_api_client(ClientSettings(kube_config=str(path)))
+    try:
+        with pytest.raises(Forbidden):
+            await request_json(api, "GET", NODE.list_path())
+    finally:
+        await api.close()
+
+
+@pytest.mark.e2e
+async def test_api_secure_false_skips_tls_verification(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    config = yaml.safe_load(control_plane.kubeconfig.read_text())
+    for cluster in config["clusters"]:
+        cluster["cluster"].pop("certificate-authority", None)  # server cert now unverifiable
+    bare = tmp_path / "no-ca.kubeconfig"
+    bare.write_text(json.dumps(config))
+
+    async def list_nodes(secure: bool) -> Any:
+        api = await make_api_client(ClientSettings(kube_config=str(bare), api_secure=secure))
+        try:
+            return await request_json(api, "GET", NODE.list_path(), query={"limit": 1})
+        finally:
+            await api.close()
+
+    assert (await list_nodes(False))["kind"] == "NodeList"
+    with pytest.raises(TemporaryError, match="(?i)certificate"):
+        await list_nodes(True)
+
+
+async def test_missing_kubeconfig_outside_a_cluster_names_the_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ClientConfigError, match="--kube-config=/nonexistent/admin.conf"):
+        await make_api_client(ClientSettings(kube_config="/nonexistent/admin.conf"))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    with pytest.raises(ClientConfigError, match="--kube-config"):
+        await make_api_client(ClientSettings())
+    bad = ClientSettings(kube_config=None, api_server="kubernetes.default.svc")
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent/config")
+    with pytest.raises(ClientConfigError):
+        await make_api_client(bad)
+
+
