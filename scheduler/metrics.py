@@ -58,6 +58,7 @@ class SchedulerMetrics:
         self.evictions = Counter(
             "kai_evictions", "Pods evicted, by reason.", ["reason"], registry=r
         )
+        self.evictions.labels(reason="stale_gang")  # exported as 0 before the first one
         self.queue_allocated = Gauge(
             "kai_queue_allocated",
             "Resources held by a queue (gpu devices, cpu millicores, memory MB).",

@@ -2,7 +2,8 @@
 # Build the test control plane's binaries (kube-apiserver, kube-controller-manager, kubectl,
 # etcd, kwok, helm) from their Go modules into .cache/testenv-bin/<key>/, where <key> hashes
 # testenv/versions.env and the testenv/gobuild module files. Skips work when every binary is
-# already there. A cold build on 2 cores takes roughly 20-30 minutes (kubernetes dominates);
+# already there. A cold build on 2 cores took ~8 minutes plus module downloads (kubernetes
+# dominates; see testenv/README.md);
 # Go's module and build caches make later rebuilds much faster.
 set -euo pipefail
 

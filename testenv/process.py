@@ -123,7 +123,10 @@ def _install() -> None:
     if threading.current_thread() is not threading.main_thread():
         return  # signal handlers can only be set from the main thread; atexit still applies
     for sig in (signal.SIGINT, signal.SIGTERM):
-        _previous[sig] = signal.getsignal(sig)
+        previous = signal.getsignal(sig)
+        if previous == signal.SIG_IGN:
+            continue  # e.g. SIGINT in a background job: the signal is not meant to stop us
+        _previous[sig] = previous
         signal.signal(sig, _on_signal)
 
 

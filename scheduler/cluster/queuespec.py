@@ -51,11 +51,16 @@ def queue_from_k8s(obj: Mapping[str, Any]) -> Queue:
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     resources: list[tuple[str, QueueResource]] = []
+    given = spec.get("resources") or {}
+    if not isinstance(given, Mapping):
+        raise SpecError("spec.resources", "must be an object with gpu, cpu and memory entries")
     for name in QUEUE_RESOURCES:
-        raw = (spec.get("resources") or {}).get(name)
+        raw = given.get(name)
         if raw is None:
             continue
         base = f"spec.resources.{name}"
+        if not isinstance(raw, Mapping):
+            raise SpecError(base, f"{raw!r} must be an object with quota, limit, overQuotaWeight")
         quota = _amount(raw.get("quota", 0), name, f"{base}.quota")
         limit = _amount(raw.get("limit", UNLIMITED), name, f"{base}.limit")
         weight_raw = raw.get("overQuotaWeight", 1)

@@ -23,6 +23,7 @@ import structlog
 
 from scheduler.cache.problems import Problem
 from scheduler.cluster.gang import Gang
+from scheduler.cluster.node import GPU_MEMORY_LABEL
 from scheduler.cluster.pod import Pod, PodPhase
 from scheduler.cluster.queue import QUEUE_RESOURCES
 from scheduler.cluster.snapshot import Snapshot
@@ -35,7 +36,13 @@ from scheduler.k8s.writer import ObjectRef, Writer, now_rfc3339
 from scheduler.metrics import queue_units
 from scheduler.solver.placement import GangOutcome
 
-__all__ = ["StatusPublisher", "crd_quantity", "pod_ref", "queue_status_body"]
+__all__ = [
+    "StatusPublisher",
+    "crd_quantity",
+    "node_label_problems",
+    "pod_ref",
+    "queue_status_body",
+]
 
 log = structlog.get_logger("scheduler.commit.status")
 
@@ -62,6 +69,37 @@ def queue_status_body(report: FairShareReport, name: str) -> dict[str, Any]:
 def pod_ref(pod: Pod) -> ObjectRef:
     """The Event target for a pod."""
     return ObjectRef("Pod", "v1", pod.name, pod.namespace, pod.uid)
+
+
+def node_label_problems(snapshot: Snapshot, known: Iterable[Problem] = ()) -> list[Problem]:
+    """Nodes whose GPU memory label cannot be read (so GPU-memory pods cannot use them).
+
+    The cache keeps such nodes (their GPUs still count) and drops the label silently; an
+    admin should hear about it on the Node itself.
+    """
+    seen = {(p.kind, p.name, p.field) for p in known}
+    field = f"metadata.labels[{GPU_MEMORY_LABEL}]"
+    out = []
+    for node in snapshot.nodes:
+        raw = node.label_map.get(GPU_MEMORY_LABEL)
+        if raw is None or node.gpu_memory_mib is not None or ("Node", node.name, field) in seen:
+            continue
+        out.append(Problem(
+            "Node", "", node.name, field,
+            f"{raw!r} is not a positive whole number of MiB; fix the label (e.g. 81920) or "
+            "remove it - until then pods that ask for GPU memory cannot use this node",
+            api_version="v1", reason="InvalidLabel",
+        ))  # fmt: skip
+    return out
+
+
+def _pod_message(snapshot: Snapshot, key: str, outcome: GangOutcome) -> str:
+    """The reason a member pod shows; names its PodGroup so users find the gang."""
+    message = outcome.reason or "waiting for resources"
+    gang = snapshot.gang_by_key.get(key)
+    if gang is not None and not gang.implicit and gang.name not in message:
+        message = f"PodGroup {gang.key}: {message}"
+    return message
 
 
 def _podgroup_body(gang: Gang, pods: list[Pod], outcome: GangOutcome | None) -> dict[str, Any]:
@@ -141,7 +179,9 @@ class StatusPublisher:
         calls += self._pods(snapshot, outcomes, commits)
         calls += self._podgroups(snapshot, outcomes)
         calls += self._queues(snapshot, report)
-        calls += [self._problem(p) for p in problems]
+        reported = list(problems)
+        reported += node_label_problems(snapshot, reported)
+        calls += [self._problem(p) for p in reported]
         if calls:
             await asyncio.gather(*calls)
 
@@ -169,7 +209,7 @@ class StatusPublisher:
         for key, outcome in outcomes.items():
             if outcome.placed:
                 continue
-            message = outcome.reason or "waiting for resources"
+            message = _pod_message(snapshot, key, outcome)
             for pod in snapshot.pods_by_gang.get(key, ()):
                 if pod.pending:
                     calls.append(self._wait_reason(pod, message))

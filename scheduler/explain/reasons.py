@@ -95,9 +95,8 @@ class _Explainer:
                 continue
             queue = pod_queue(snapshot, pod)
             self.placed_in[queue] += 1
+            # The same charge the solver's queue book made when it admitted the pod.
             usage = pod_queue_usage(pod)
-            if a.gpu_grant:
-                usage["gpu"] = sum(m for _, m in a.gpu_grant)
             for q in self.tree.ancestors(queue) if queue in self.tree else [queue]:
                 add_usage(self.charged[q], usage)
         self._fit_cache: dict[tuple[object, ...], tuple[str, str] | None] = {}

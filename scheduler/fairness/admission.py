@@ -59,9 +59,10 @@ def queue_admission_problem(
                 continue
             used = status.allocated.get(r, 0) + extra.get(r, 0)
             if used + need > limit:
+                state = "is at" if used >= limit else "would pass"
                 return (
                     QUEUE_LIMIT,
-                    f"queue {name} is at its {r} limit ({format_queue_amount(r, used)}/"
+                    f"queue {name} {state} its {r} limit ({format_queue_amount(r, used)}/"
                     f"{format_queue_amount(r, limit)}); the gang needs "
                     f"{format_queue_amount(r, need)} more",
                 )

@@ -35,6 +35,7 @@ from scheduler.fairness.usage import QueueUsage, queue_usage
 __all__ = [
     "FairShareReport",
     "QueueStatus",
+    "ShareClaim",
     "cluster_capacity",
     "compute_fair_shares",
     "split_share",
@@ -153,7 +154,7 @@ def water_fill(amount: int, weights: Mapping[str, int], rooms: Mapping[str, int]
 
 
 @dataclass(frozen=True, slots=True)
-class _Claim:
+class ShareClaim:
     """One child's standing in a split: what it deserves, its weight, its ceiling."""
 
     name: str
@@ -163,12 +164,12 @@ class _Claim:
     priority: int
 
 
-def split_share(total: int, claims: Iterable[_Claim]) -> dict[str, int]:
+def split_share(total: int, claims: Iterable[ShareClaim]) -> dict[str, int]:
     """Split ``total`` among sibling queues (quota stage, then over-quota stage)."""
     items = list(claims)
     given = {c.name: 0 for c in items}
     left = total
-    by_priority: dict[int, list[_Claim]] = defaultdict(list)
+    by_priority: dict[int, list[ShareClaim]] = defaultdict(list)
     for c in items:
         by_priority[c.priority].append(c)
     levels = sorted(by_priority, reverse=True)
@@ -204,9 +205,9 @@ def _fair_shares(
 ) -> dict[str, dict[str, int]]:
     shares: dict[str, dict[str, int]] = {name: _zeros() for name in tree.queues}
 
-    def claim(name: str, resource: str) -> _Claim:
+    def claim(name: str, resource: str) -> ShareClaim:
         q = tree.queues[name].resource(resource)
-        return _Claim(
+        return ShareClaim(
             name=name,
             quota=q.quota,
             weight=max(0, q.over_quota_weight),

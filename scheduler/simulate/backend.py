@@ -73,6 +73,8 @@ class SimulatedCluster:
         self.queues: tuple[Queue, ...] = tuple(queues)
         self.now: float = 0.0
         self.pods: dict[str, PodRecord] = {}
+        #: Pods still pending or running (finished ones leave): what every step scans.
+        self._live: dict[str, PodRecord] = {}
         self.gangs: dict[str, GangRecord] = {}
         self._node_names = {n.name for n in self.nodes}
         #: True when something changed since the last cycle (arrival, completion, bind).
@@ -99,7 +101,10 @@ class SimulatedCluster:
                 raise ValueError(f"pod {pod.key} names gang {pod.gang!r} that was never added")
             # A PodGroup's queue wins over the pod's label, as in the live cache.
             queue = record.gang.queue or pod.queue
-            self.pods[pod.uid] = PodRecord(replace(pod, queue=queue), self.now, duration)
+            pod_record = PodRecord(replace(pod, queue=queue), self.now, duration)
+            self.pods[pod.uid] = pod_record
+            if pod_record.pod.active:
+                self._live[pod.uid] = pod_record
             record.pod_uids.append(pod.uid)
         self.dirty = True
 
@@ -109,30 +114,37 @@ class SimulatedCluster:
             raise ValueError(f"time cannot go back from {self.now} to {now}")
         self.now = now
         done = []
-        for record in self.pods.values():
+        for record in self._live.values():
             end = record.finishes_at
             if end is not None and end <= now:
                 record.finished_at = end
                 record.pod = replace(record.pod, phase=PodPhase.SUCCEEDED)
                 done.append(record)
+        for record in done:
+            del self._live[record.pod.uid]
         if done:
             self.dirty = True
         return done
 
     def next_completion(self) -> float | None:
         """The earliest time a running pod completes (None when none will)."""
-        ends = [r.finishes_at for r in self.pods.values() if r.finishes_at is not None]
+        ends = [r.finishes_at for r in self._live.values() if r.finishes_at is not None]
         return min(ends) if ends else None
+
+    def last_completion(self) -> float | None:
+        """The latest time a running pod completes (None when none will)."""
+        ends = [r.finishes_at for r in self._live.values() if r.finishes_at is not None]
+        return max(ends) if ends else None
 
     # --- views ------------------------------------------------------------------------------
 
     def active_pods(self) -> list[Pod]:
         """Pods that exist and hold (or wait for) capacity."""
-        return [r.pod for r in self.pods.values() if r.pod.active]
+        return [r.pod for r in self._live.values()]
 
     def pending_gangs(self) -> list[str]:
         """Keys of gangs with at least one pending pod."""
-        keys = {r.pod.gang for r in self.pods.values() if r.pod.pending}
+        keys = {r.pod.gang for r in self._live.values() if r.pod.pending}
         return sorted(keys)
 
     def snapshot_now(self) -> Snapshot:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from types import TracebackType
@@ -23,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress, TaskID
+
+    from scheduler.simulate.engine import SimulationResult
 
 __all__ = ["add_parser", "configure_parser", "run"]
 
@@ -170,7 +173,6 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from scheduler.simulate.engine import simulate
-    from scheduler.simulate.report import print_report, summary
 
     err = Console(stderr=True)
     show = err.is_terminal and not args.no_progress and not args.json
@@ -184,7 +186,21 @@ def run(args: argparse.Namespace) -> int:
             plots = [str(p) for p in write_plots(result, args.out)]
         except OSError as e:
             return _error(f"--out {args.out}: cannot write plots ({e.strerror or e})")
-    if args.json:
+    try:
+        _print_result(result, plots, as_json=args.json)
+    except BrokenPipeError:
+        # The reader (e.g. ``| head``) went away; that is not a failure of the run.
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def _print_result(result: SimulationResult, plots: list[str], *, as_json: bool) -> None:
+    from rich.console import Console
+
+    from scheduler.simulate.report import print_report, summary
+
+    if as_json:
         data = summary(result)
         data["plots"] = plots
         print(json.dumps(data, indent=2))
@@ -193,4 +209,3 @@ def run(args: argparse.Namespace) -> int:
         print_report(result, Console() if sys.stdout.isatty() else Console(width=140))
         for p in plots:
             print(f"wrote {p}")
-    return 0

@@ -119,7 +119,7 @@ async def simulate_async(
         result.samples.append(_sample(cluster, fair))
         if progress is not None:
             upcoming = arrivals[-1].at if arrivals else 0.0
-            progress(t, min(horizon_cap, max(upcoming, cluster.next_completion() or 0.0, t)))
+            progress(t, min(horizon_cap, max(upcoming, cluster.last_completion() or 0.0, t)))
 
         # Where to go next: the next cycle if the last one changed the cluster, else the next
         # arrival or completion (nothing else can make a waiting gang fit).

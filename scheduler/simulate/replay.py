@@ -152,7 +152,12 @@ class _Cluster:
         s, c = device_sums(row, mix.thresholds)
         self.sums[n], self.counts[n] = s[0], c[0]
         self.frag[n] = fragmentation(
-            mix, self.total[n : n + 1], s, c, self.cpu[n : n + 1], self.mem[n : n + 1],
+            mix,
+            self.total[n : n + 1],
+            s,
+            c,
+            self.cpu[n : n + 1],
+            self.mem[n : n + 1],
             self.model[n : n + 1],
         )[0]
 
@@ -215,6 +220,7 @@ class _Cluster:
                 # Equal fragmentation: pack (least GPU left on the node, then the tightest
                 # device, then least CPU left), so whole nodes stay free for big pods.
                 import os
+
                 q = float(os.environ.get("KQ", "1e-6"))
                 lam = float(os.environ.get("KL", "0"))
                 d2 = np.round((delta + lam * gpu_after) / q) * q
@@ -316,6 +322,5 @@ def write_placements(path: str | Path, placements: Sequence[TracePlacement]) -> 
         for pl in placements:
             gpus = {str(d): m for d, m in pl.gpus}
             f.write(
-                json.dumps({"pod": pl.pod, "node": pl.node, "gpus": gpus, "cycle": pl.cycle})
-                + "\n"
+                json.dumps({"pod": pl.pod, "node": pl.node, "gpus": gpus, "cycle": pl.cycle}) + "\n"
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from rich.console import Console
@@ -69,6 +70,7 @@ class GangSummary:
     reason: str
     #: Why it did not start when it arrived (first reason seen), for gangs placed later.
     waited_because: str
+    waited_code: str = ""
 
     @property
     def waited(self) -> float | None:
@@ -95,6 +97,7 @@ class GangSummary:
             "waited_seconds": self.waited,
             "reason_code": self.reason_code,
             "reason": self.reason,
+            "waited_code": self.waited_code,
             "waited_because": self.waited_because,
         }
 
@@ -115,9 +118,9 @@ def _gang_summary(record: GangRecord, job: str, result: SimulationResult) -> Gan
         status = "running"
     else:
         status = "finished"
-    first = ""
+    first_code, first = "", ""
     if record.placed_at is not None and record.first_reason:
-        first = record.first_reason[1] or record.first_reason[0]
+        first_code, first = record.first_reason
     return GangSummary(
         gang=record.gang.key,
         job=job,
@@ -134,6 +137,7 @@ def _gang_summary(record: GangRecord, job: str, result: SimulationResult) -> Gan
         reason_code=code if status in ("waiting", "partly placed") else "",
         reason=reason if status in ("waiting", "partly placed") else "",
         waited_because=first,
+        waited_code=first_code,
     )
 
 
@@ -179,11 +183,28 @@ def _peaks(result: SimulationResult) -> dict[str, int]:
     return dict(peak)
 
 
+def _gpu_hours(result: SimulationResult) -> dict[str, float]:
+    """Per queue (parents sum children): GPU-hours held over the run (samples are steps)."""
+    parents = {name: s.parent for name, s in result.final_report.queues.items()}
+    hours: dict[str, float] = defaultdict(float)
+    samples = result.samples
+    for here, nxt in pairwise(samples):
+        span = (nxt.time - here.time) / 3600
+        for q, milli in here.allocated_gpu.items():
+            seen: set[str] = set()
+            while q and q not in seen:
+                seen.add(q)
+                hours[q] += milli / GPU_MILLI * span
+                q = parents.get(q, "")
+    return dict(hours)
+
+
 def summary(result: SimulationResult) -> dict[str, Any]:
     """The machine-readable summary printed by ``--json`` (units: GPU devices, CPU cores,
     memory bytes, times in simulated seconds)."""
     report = result.final_report
     peaks = _peaks(result)
+    hours = _gpu_hours(result)
 
     def units(values: dict[str, int]) -> dict[str, float | int]:
         out: dict[str, float | int] = {}
@@ -208,6 +229,7 @@ def summary(result: SimulationResult) -> dict[str, Any]:
             "requested": units(s.requested),
             "allocated": units(s.allocated),
             "peak_allocated_gpu": peaks.get(s.name, 0) / GPU_MILLI,
+            "gpu_hours": round(hours.get(s.name, 0.0), 3),
         }
         for depth, s in _queue_order(report.queues)
     ]
@@ -253,7 +275,8 @@ def _gang_rows(gangs: list[GangSummary]) -> list[tuple[str, ...]]:
             status = "[green]running[/]" if g.status == "running" else "[blue]finished[/]"
             waited = g.waited or 0.0
             why = (
-                f"waited {format_time(waited)}: {escape(g.waited_because)}"
+                f"waited {format_time(waited)} ([bold]{escape(g.waited_code)}[/]): "
+                f"{escape(g.waited_because)}"
                 if g.waited_because and waited > 0
                 else "placed when it arrived"
             )
@@ -275,8 +298,10 @@ def print_report(result: SimulationResult, console: Console | None = None) -> No
         + (" [dim](stopped at the cycle limit)[/]" if result.stopped == "limit" else "")
     )
     peaks = _peaks(result)
+    hours = _gpu_hours(result)
     queues = Table(title=f"Queues at {format_time(result.end_time)} (GPUs)", title_justify="left")
-    for col in ("Queue", "Quota", "Limit", "Fair share", "Requested", "Allocated", "Peak"):
+    cols = ("Queue", "Quota", "Limit", "Fair share", "Requested", "Allocated", "Peak", "GPU-hours")
+    for col in cols:
         queues.add_column(col, justify="left" if col == "Queue" else "right")
     for depth, s in _queue_order(report.queues):
         name = "  " * depth + escape(s.name) + ("" if s.healthy else " [red](invalid)[/]")
@@ -289,6 +314,7 @@ def print_report(result: SimulationResult, console: Console | None = None) -> No
             format_gpu(s.requested.get("gpu", 0)),
             format_gpu(s.allocated.get("gpu", 0)),
             format_gpu(peaks.get(s.name, 0)) if s.name in peaks else "-",
+            f"{hours.get(s.name, 0.0):.1f}",
         )
     console.print(queues)
     gangs = Table(title="Gangs", title_justify="left")

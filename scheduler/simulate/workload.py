@@ -29,6 +29,7 @@ from scheduler.simulate.fields import (
 
 __all__ = [
     "DEFAULT_PRIORITY_CLASSES",
+    "MAX_PODS_PER_JOB",
     "SCHEDULER_NAME",
     "JobArrival",
     "PodGroupDef",
@@ -39,6 +40,8 @@ __all__ = [
 
 #: Pods in a scenario are addressed to this scheduler, so the simulator manages them all.
 SCHEDULER_NAME = "kai-scheduler"
+#: A guard against a typo such as ``count: 1000000`` eating the machine's memory.
+MAX_PODS_PER_JOB = 100_000
 #: The priority classes KAI installs; a scenario's ``priorityClasses`` adds to or overrides them.
 DEFAULT_PRIORITY_CLASSES: dict[str, int] = {"train": 50, "build": 100, "inference": 125}
 
@@ -140,7 +143,7 @@ def _job(
     data = read_mapping(entry, path)
     check_known(data, path, _JOB_FIELDS)
     name = read_name(data.get("name"), f"{path}.name")
-    namespace = data.get("namespace") or "default"
+    namespace = read_name(data.get("namespace", "default"), f"{path}.namespace")
     at = read_seconds(data.get("at", 0), f"{path}.at")
     duration = (
         None if data.get("duration") is None else read_seconds(data["duration"], f"{path}.duration")
@@ -150,15 +153,19 @@ def _job(
         raise ScenarioError(f"{path}.pods", "required: give count and template (or resources)")
     check_known(pods_raw, f"{path}.pods", _POD_FIELDS)
     count = read_count(pods_raw.get("count", 1), f"{path}.pods.count")
+    if count > MAX_PODS_PER_JOB:
+        raise ScenarioError(f"{path}.pods.count", f"at most {MAX_PODS_PER_JOB} pods per job")
     template = _template(pods_raw, f"{path}.pods")
     pc = data.get("priorityClassName") or ""
+    if not isinstance(pc, str):
+        raise ScenarioError(f"{path}.priorityClassName", "must be the name of a PriorityClass")
     if pc and pc not in priorities:
         raise ScenarioError(
             f"{path}.priorityClassName",
             f"PriorityClass {pc!r} is not defined; add it under priorityClasses "
             f"or use one of {', '.join(sorted(priorities))}",
         )
-    job_queue = data.get("queue")
+    job_queue = None if data.get("queue") is None else read_name(data["queue"], f"{path}.queue")
 
     # The gang: a shared PodGroup by name, an inline PodGroup spec, or none (implicit gangs).
     group_raw = data.get("podGroup")
@@ -180,7 +187,7 @@ def _job(
         if pc:
             spec.setdefault("priorityClassName", pc)
         obj = {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
-        gang = _gang(obj, f"{path}.podGroup", job_queue, priorities, at, spec_prefix="")
+        gang = _gang(obj, f"{path}.podGroup", job_queue, priorities, at, inline=True)
     queue = (gang.queue if gang else None) or job_queue
     if not queue:
         raise ScenarioError(f"{path}.queue", "required (the queue this job's pods go to)")
@@ -250,13 +257,19 @@ def _gang(
     job_queue: Any,
     priorities: dict[str, int],
     at: float,
-    spec_prefix: str = "spec.",
+    *,
+    inline: bool = False,
 ) -> Gang:
+    """``inline``: ``obj`` was built from a job's ``podGroup`` spec, so errors name that."""
     try:
         gang = gang_from_k8s(obj, default_queue=job_queue or "", priorities=priorities)
     except SpecError as e:
-        field_name = e.field.removeprefix("spec.") if not spec_prefix else e.field
+        field_name = e.field.removeprefix("spec.") if inline else e.field
         raise ScenarioError(f"{path}.{field_name}", e.message) from e
+    except (TypeError, AttributeError) as e:
+        raise ScenarioError(path, f"not a valid PodGroup: {e}") from e
+    if not isinstance(gang.queue, str):
+        raise ScenarioError(f"{path}.{'' if inline else 'spec.'}queue", "must be a queue name")
     return replace(gang, creation_time=at)
 
 

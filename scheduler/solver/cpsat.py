@@ -186,7 +186,8 @@ def optimize(
 
     # queue limits at every level, non-preemptible quota at the leaf
     for name, terms, cap in _queue_rows(gangs, tree, report):
-        model.add(sum(a * y[i] for i, a in terms) <= cap).with_name(name)
+        # a queue already past its limit takes nothing more (not "gives back")
+        model.add(sum(a * y[i] for i, a in terms) <= max(0, cap)).with_name(name)
 
     # fairness: f[q, r] <= remaining fair share, <= admitted work of q
     fair_vars: list[cp_model.IntVar] = []

@@ -37,6 +37,10 @@ class PlacementSettings:
     workers: int = 2
     #: Skip CP-SAT entirely and return the greedy placement (benchmarks and tiny cycles).
     greedy_only: bool = False
+    #: Run CP-SAT for placement quality even when greedy admitted every gang.
+    quality_when_all_admitted: bool = True
+    #: Cap on node patterns enumerated per node class in the CP-SAT model.
+    patterns_per_class: int = 48
 
 
 class SolveStatus(StrEnum):

@@ -20,12 +20,21 @@ from collections.abc import Sequence
 
 import structlog
 
+from scheduler.cluster.pod import Pod
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.explain import explain_unplaced
 from scheduler.fairness import FairShareReport, compute_fair_shares
 from scheduler.framework.scoring import NodeScorer
 from scheduler.plugins.packing import PackingScorer
-from scheduler.solver.greedy import place_gangs
+from scheduler.solver.cpsat import CpResult, ModelGang, optimize, work_units
+from scheduler.solver.greedy import (
+    GangRequest,
+    GreedyResult,
+    place_extra_pods,
+    place_gangs,
+    pod_size,
+)
+from scheduler.solver.patterns import ClassInfo, pack
 from scheduler.solver.placement import (
     GangOutcome,
     Placement,
@@ -63,31 +72,51 @@ def solve(
     if not problem.pending:
         return Placement(status=SolveStatus.EMPTY, build_seconds=time.perf_counter() - started)
     state = ClusterState.from_snapshot(snapshot)
+    classes = _classes(state)
     scorer = scorer or PackingScorer(settings.gpu_strategy, settings.cpu_strategy)
-    book = QueueBook(snapshot.queue_tree, report)
+    spread = settings.gpu_strategy == "spread"
     greedy = place_gangs(
         state,
         problem.order,
         scorer,
-        book=book,
-        spread_devices=settings.gpu_strategy == "spread",
+        book=QueueBook(snapshot.queue_tree, report),
+        spread_devices=spread,
         cycle=cycle,
     )
     build_seconds = time.perf_counter() - started
-    assignments: list[PodAssignment] = greedy.assignments
-    status = SolveStatus.GREEDY
-    violations = validate(snapshot, assignments)
-    if violations:
-        log.error("placement_invalid", cycle=cycle, engine="greedy", violations=violations[:20])
-        assignments = []
+    candidates: list[tuple[SolveStatus, list[PodAssignment]]] = []
+    cp: CpResult | None = None
+    if not settings.greedy_only:
+        cp, cp_assignments = _cp_candidate(
+            snapshot, problem, state, classes, greedy, scorer, settings, cycle
+        )
+        if cp_assignments is not None and cp is not None:
+            status = SolveStatus.OPTIMAL if cp.status == "OPTIMAL" else SolveStatus.FEASIBLE
+            candidates.append((status, cp_assignments))
+    candidates.append((SolveStatus.GREEDY, greedy.assignments))
+    assignments: list[PodAssignment] = []
+    status = SolveStatus.EMPTY
+    all_violations: list[str] = []
+    for engine, found in candidates:
+        violations = validate(snapshot, found)
+        if not violations:
+            assignments, status = found, engine
+            break
+        all_violations.extend(violations)
+        log.error("placement_invalid", cycle=cycle, engine=engine.value, violations=violations[:20])
     outcomes = _outcomes(problem, assignments)
     placement = Placement(
         assignments=tuple(assignments),
         outcomes=outcomes,
-        status=status if assignments or not violations else SolveStatus.EMPTY,
-        build_seconds=build_seconds,
-        solve_seconds=time.perf_counter() - started - build_seconds,
-        violations=tuple(violations),
+        status=status,
+        objective=(cp.objective if status is not SolveStatus.GREEDY else cp.greedy_objective)
+        if cp is not None
+        else 0,
+        greedy_objective=cp.greedy_objective if cp is not None else 0,
+        best_bound=cp.bound if cp is not None else 0,
+        build_seconds=build_seconds + (cp.build_seconds if cp is not None else 0.0),
+        solve_seconds=cp.solve_seconds if cp is not None else 0.0,
+        violations=tuple(all_violations),
     )
     log.info(
         "solved",
@@ -99,6 +128,130 @@ def solve(
         seconds=round(time.perf_counter() - started, 4),
     )
     return placement
+
+
+def _classes(state: ClusterState) -> list[ClassInfo]:
+    """The node classes at the start of the cycle (before anything is placed)."""
+    return [
+        ClassInfo(key, state.nodes[next(iter(members))].node, list(members))
+        for key, members in state.classes.items()
+    ]
+
+
+def _model_gangs(problem: Problem, admitted: set[str]) -> tuple[list[ModelGang], list[GangRequest]]:
+    """Gangs CP-SAT decides on, and the lower-priority rest left to the greedy backfill.
+
+    The frontier is the highest priority with a gang greedy could not admit: gangs above it
+    are fixed admitted, gangs at it are free, gangs below it are backfilled afterwards. When
+    greedy admitted everything, every gang is fixed and CP-SAT only improves quality.
+    """
+    gangs = [g for g in problem.order if g.required]
+    failed = [g.priority for g in gangs if g.key not in admitted]
+    frontier = max(failed) if failed else None
+    model: list[ModelGang] = []
+    rest: list[GangRequest] = []
+    for g in gangs:
+        if frontier is not None and g.priority < frontier:
+            rest.append(g)
+            continue
+        fixed = frontier is None or g.priority > frontier
+        ask = g.ask
+        units = work_units(ask)
+        work = max(1, units["gpu"] or units["cpu"])
+        model.append(ModelGang(g, fixed, work, units, ask))
+    return model, rest
+
+
+def _cp_candidate(
+    snapshot: Snapshot,
+    problem: Problem,
+    state: ClusterState,
+    classes: list[ClassInfo],
+    greedy: GreedyResult,
+    scorer: NodeScorer,
+    settings: PlacementSettings,
+    cycle: int | None,
+) -> tuple[CpResult | None, list[PodAssignment] | None]:
+    """Run CP-SAT; if it beats greedy, rebuild a full placement from it on ``state``.
+
+    ``state`` is left as it was (greedy's placement applied) whatever happens.
+    """
+    by_key = problem.by_key
+    admitted = {k for k, pods in greedy.placed.items() if by_key[k].required}
+    model_gangs, rest = _model_gangs(problem, admitted)
+    if not model_gangs:
+        return None, None
+    if all(g.fixed for g in model_gangs) and not settings.quality_when_all_admitted:
+        return None, None
+    in_model = {g.request.key for g in model_gangs}
+    hint_nodes: dict[str, list[Pod]] = {}
+    for key in in_model & admitted:
+        required = len(by_key[key].required)
+        for a in greedy.placed[key][:required]:
+            hint_nodes.setdefault(a.node, []).append(state.pods[a.pod_uid])
+    cp = optimize(
+        classes=classes,
+        gangs=model_gangs,
+        hint_nodes=hint_nodes,
+        hint_admitted=admitted & in_model,
+        tree=snapshot.queue_tree,
+        report=problem.report,
+        gpu_strategy=settings.gpu_strategy,
+        cpu_strategy=settings.cpu_strategy,
+        time_limit=settings.time_limit_seconds,
+        workers=settings.workers,
+        pattern_cap=settings.patterns_per_class,
+        cycle=cycle,
+    )
+    if cp is None or not cp.usable or cp.objective <= cp.greedy_objective:
+        return cp, None
+    spread = settings.gpu_strategy == "spread"
+    greedy_list = greedy.assignments
+    for a in reversed(greedy_list):
+        state.release(a.pod_uid)
+    out: list[PodAssignment] = []
+    try:
+        for name, pods in cp.node_pods.items():
+            slot = state.nodes[name]
+            ordered = sorted(pods, key=pod_size, reverse=True)
+            grants = pack(slot.node, dict(slot.free), list(slot.gpu_free), ordered, spread=spread)
+            if grants is None:
+                raise ValueError(f"pattern does not fit node {name}")
+            for pod, grant in zip(ordered, grants, strict=True):
+                a = PodAssignment(pod.uid, pod.key, pod.gang, name, grant)
+                state.apply(a, pod)
+                out.append(a)
+        book = QueueBook(snapshot.queue_tree, problem.report)
+        for key in cp.admitted:
+            book.charge(by_key[key].queue, by_key[key].ask)
+        back = place_gangs(
+            state, rest, scorer, book=book, extras=False, spread_devices=spread, cycle=cycle
+        )
+        out.extend(back.assignments)
+        extra = place_extra_pods(
+            state,
+            problem.order,
+            cp.admitted | set(back.placed),
+            scorer,
+            book=book,
+            spread_devices=spread,
+        )
+        out.extend(a for pods in extra.values() for a in pods)
+    except ValueError as e:
+        log.error("cpsat_disaggregation_failed", cycle=cycle, error=str(e))
+        out_failed = out
+        out = []
+        for a in reversed(out_failed):
+            state.release(a.pod_uid)
+        for a in greedy_list:
+            state.apply(a)
+        return cp, None
+    # leave the state as greedy had it, so callers see one consistent picture
+    for a in reversed(out):
+        state.release(a.pod_uid)
+    for a in greedy_list:
+        state.apply(a)
+    return cp, out
 
 
 def _outcomes(problem: Problem, assignments: Sequence[PodAssignment]) -> dict[str, GangOutcome]:

@@ -16,14 +16,14 @@ import pytest
 import yaml
 
 from scheduler.cache import Cache
-from scheduler.k8s.client import ClientSettings, make_api_client, request_json
+from scheduler.k8s.client import ClientSettings, make_api_client, open_stream, request_json
 from scheduler.k8s.errors import (
     ClientConfigError,
     Forbidden,
     NotFound,
     TemporaryError,
 )
-from scheduler.k8s.resources import NODE, POD, ResourceKind
+from scheduler.k8s.resources import LEASE, NODE, POD, ResourceKind
 from scheduler.k8s.watch import Watcher, WatchSettings
 from testenv.controlplane import ControlPlane
 
@@ -182,23 +182,80 @@ async def test_watch_sees_every_kind_created_updated_deleted(
         assert problems[("Pod", "w0")].reason == "PodGroupNotFound"
 
 
+class Recorder:
+    """An event sink that keeps the objects it was given (for kinds the cache ignores)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.relists = 0
+
+    def apply(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
+        key = f"{obj['metadata'].get('namespace')}/{obj['metadata']['name']}"
+        if event_type == "DELETED":
+            self.objects.pop(key, None)
+        else:
+            self.objects[key] = obj
+
+    def relisted(self, kind: str, objs: Any) -> None:
+        self.relists += 1
+        self.objects = {}
+        for obj in objs:
+            self.apply(kind, "ADDED", obj)
+
+
+async def first_watch_event(api: Any, kind: ResourceKind, rv: str) -> dict[str, Any]:
+    query = {"watch": True, "resourceVersion": rv, "timeoutSeconds": 1}
+    async with await open_stream(api, kind.list_path(), query=query) as response:
+        line = await response.content.readline()
+    return json.loads(line) if line else {}
+
+
+async def expire_history(cp: ControlPlane, api: Any, namespace: str) -> None:
+    """Churn Leases until the API server no longer keeps history back to resourceVersion 1.
+
+    The watch cache keeps every event younger than ~75 s and at least 100 events, so this
+    takes one burst on a control plane that has run a while and up to ~80 s on a fresh one.
+    """
+    deadline = time.monotonic() + 150
+    burst = 0
+    while time.monotonic() < deadline:
+        burst += 1
+        leases = [
+            {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": f"churn-{i}", "annotations": {"burst": str(burst)}},
+                "spec": {"holderIdentity": f"h{burst}"},
+            }
+            for i in range(150)
+        ]
+        manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": leases})
+        await kubectl(cp, "apply", "-n", namespace, "-f", "-", input=manifest)
+        event = await first_watch_event(api, LEASE, "1")
+        if event.get("type") == "ERROR" and event["object"].get("code") == 410:
+            return
+        await asyncio.sleep(5)
+    raise AssertionError("the API server still serves resourceVersion 1 after 150 s of churn")
+
+
 @pytest.mark.e2e
 async def test_expired_resource_version_relists(
     control_plane: ControlPlane, namespace: str
 ) -> None:
     api = await make_api_client(admin(control_plane))
     try:
-        cache = Cache(SCHED, "default-queue")
-        watcher = Watcher(api, cache, ["Pod"], settings=FAST)
+        sink = Recorder()
+        watcher = Watcher(api, sink, [LEASE], settings=FAST)
         await watcher.run(iterations=1)  # the initial list
-        assert watcher.list_count == {"Pod": 1} and watcher.synced.is_set()
-        await kubectl(control_plane, "apply", "-n", namespace, "-f", "-", input=pod_manifest("late"))
-        # Resume from a resourceVersion far older than the API server keeps: 410 Gone.
-        watcher.resource_versions["Pod"] = "1"
-        await watcher.run(iterations=2)  # watch -> Gone -> list again
-        assert watcher.list_count == {"Pod": 2}
-        assert cache.raw("Pod", namespace, "late") is not None
-        assert int(watcher.resource_versions["Pod"]) > 1
+        assert watcher.list_count == {"Lease": 1} and watcher.synced.is_set()
+        await expire_history(control_plane, api, namespace)
+        assert f"{namespace}/churn-0" not in sink.objects
+        # Resume from a resourceVersion the API server no longer has: 410 Gone, list again.
+        watcher.resource_versions["Lease"] = "1"
+        await watcher.run(iterations=2)  # watch -> Gone -> list
+        assert watcher.list_count == {"Lease": 2} and sink.relists == 2
+        assert f"{namespace}/churn-0" in sink.objects
+        assert int(watcher.resource_versions["Lease"]) > 1
     finally:
         await api.close()
 

@@ -20,6 +20,7 @@ from scheduler.fairness import (
     QUEUE_MISSING,
     QueueStatus,
     compute_fair_shares,
+    pending_gangs_in_order,
     water_fill,
 )
 
@@ -383,3 +384,12 @@ def test_fair_share_properties(snap: Snapshot) -> None:
                     assert share == cap
                 if s.children:
                     level.append((share, list(s.children)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(trees())
+def test_admission_order_lists_each_schedulable_gang_once(snap: Snapshot) -> None:
+    report = compute_fair_shares(snap)
+    order = pending_gangs_in_order(snap, report)
+    pending = {p.gang for p in snap.pods if p.pending}
+    assert sorted(order) == sorted(pending - set(report.gang_findings))

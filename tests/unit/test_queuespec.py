@@ -44,6 +44,14 @@ def test_queue_units(resource: str, raw: dict[str, Any], expected: QueueResource
     assert dict(q.resources) == {resource: expected}
 
 
+def test_resources_must_be_an_object() -> None:
+    obj = queue_obj()
+    obj["spec"]["resources"] = ["gpu"]
+    with pytest.raises(SpecError) as err:
+        queue_from_k8s(obj)
+    assert err.value.field == "spec.resources"
+
+
 def test_queue_fields_and_defaults() -> None:
     q = queue_from_k8s(queue_obj(parentQueue="dept", priority=7, displayName="A"))
     assert (q.name, q.parent, q.priority, q.display_name) == ("team-a", "dept", 7, "A")
@@ -60,6 +68,7 @@ def test_queue_fields_and_defaults() -> None:
         ({"cpu": {"limit": -5}}, {}, "spec.resources.cpu.limit", "use -1 for unlimited"),
         ({"memory": {"overQuotaWeight": "x"}}, {}, "spec.resources.memory.overQuotaWeight", ""),
         ({"memory": {"overQuotaWeight": -1}}, {}, "spec.resources.memory.overQuotaWeight", ""),
+        ({"gpu": 4}, {}, "spec.resources.gpu", "must be an object"),
         ({}, {"priority": "high"}, "spec.priority", "whole number"),
         ({}, {"priority": True}, "spec.priority", "whole number"),
     ],

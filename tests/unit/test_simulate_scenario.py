@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scheduler.cluster.node import GPU_MILLI
 from scheduler.cluster.pod import GpuRequest
@@ -219,3 +221,44 @@ def test_cli_exits_2_with_the_field_and_no_traceback(
     assert "Traceback" not in err
     assert main([]) == 2
     assert "SCENARIO.yaml" in capsys.readouterr().err
+
+
+def _leaf_paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    if isinstance(node, dict):
+        out = [prefix] if prefix else []
+        for k, v in node.items():
+            out += _leaf_paths(v, (*prefix, k))
+        return out
+    if isinstance(node, list):
+        out = [prefix]
+        for i, v in enumerate(node):
+            out += _leaf_paths(v, (*prefix, i))
+        return out
+    return [prefix]
+
+
+PATHS = _leaf_paths(BASE)
+JUNK = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=True),
+    st.text(max_size=8),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(index=st.integers(0, len(PATHS) - 1), value=JUNK)
+def test_any_bad_value_is_a_scenario_error_never_a_crash(index: int, value: Any) -> None:
+    data = scenario()
+    node: Any = data
+    path = PATHS[index]
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
+    try:
+        parse_scenario(data)
+    except ScenarioError as e:
+        assert e.field and e.message

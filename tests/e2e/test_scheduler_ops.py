@@ -1,0 +1,159 @@
+"""Operations of the scheduler process: bad input becomes Events, /metrics, JSON logs,
+binpack versus spread."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from tests.e2e.scheduler_process import (
+    KaiCluster,
+    StartScheduler,
+    kai_cluster,
+    kubectl_json,
+    pod_manifest,
+    start_scheduler,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+__all__ = ["kai_cluster", "start_scheduler"]  # fixtures used by this module
+
+
+def _tag() -> dict[str, str]:
+    return {"kai-e2e": uuid.uuid4().hex[:10]}
+
+
+def _bound(pods: list[dict[str, Any]]) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods
+            if p["spec"].get("nodeName")}  # fmt: skip
+
+
+def _events_for(cluster: KaiCluster, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
+    return [
+        e for e in cluster.events(namespace)
+        if e["involvedObject"].get("kind") == kind and e["involvedObject"].get("name") == name
+    ]  # fmt: skip
+
+
+def test_malformed_input_becomes_events_and_others_still_run(
+    kai_cluster: KaiCluster, start_scheduler: StartScheduler, namespace: str,
+    make_gpu_nodes: Any,
+) -> None:  # fmt: skip
+    tag = _tag()
+    nodes = make_gpu_nodes(1, gpus=4, labels={**tag, "nvidia.com/gpu.memory": "lots"})
+    sched = start_scheduler()
+    missing_queue = f"no-such-queue-{uuid.uuid4().hex[:6]}"
+    kai_cluster.create(
+        pod_manifest("bad-fraction", node_selector=tag, annotations={"gpu-fraction": "half"}),
+        {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
+         "metadata": {"name": "lost"}, "spec": {"minMember": 1, "queue": missing_queue}},
+        pod_manifest("lost-0", gpus=1, node_selector=tag,
+                     annotations={"pod-group-name": "lost"}),
+        pod_manifest("good", gpus=1, node_selector=tag),
+        namespace=namespace,
+    )  # fmt: skip
+
+    bound = wait_for("good pod bound", lambda: _bound(kai_cluster.pods(namespace)), logs=sched)
+    assert bound == {"good": nodes[0]}
+
+    def event(kind: str, name: str, ns: str = namespace) -> list[dict[str, Any]]:
+        return [e for e in _events_for(kai_cluster, ns, kind, name)
+                if e["type"] == "Warning"]  # fmt: skip
+
+    bad = wait_for("Event on the bad pod", lambda: event("Pod", "bad-fraction"), logs=sched)
+    assert any("gpu-fraction" in e["message"] and "'half'" in e["message"] for e in bad), bad
+    lost = wait_for("Event on the PodGroup", lambda: event("PodGroup", "lost"), logs=sched)
+    assert any(missing_queue in e["message"] for e in lost), lost
+    node_events = wait_for("Event on the node", lambda: event("Node", nodes[0], "default"),
+                           logs=sched)  # fmt: skip
+    assert any("nvidia.com/gpu.memory" in e["message"] for e in node_events), node_events
+    pods = {p["metadata"]["name"]: p for p in kai_cluster.pods(namespace)}
+    assert not pods["bad-fraction"]["spec"].get("nodeName")
+    assert not pods["lost-0"]["spec"].get("nodeName")
+    conditions = pods["lost-0"]["status"].get("conditions") or []
+    waiting = [c for c in conditions if c["type"] == "PodScheduled" and c["status"] == "False"]
+    assert waiting and missing_queue in waiting[0].get("message", ""), conditions
+    # The process survived all of it and keeps scheduling.
+    kai_cluster.create(pod_manifest("later", gpus=1, node_selector=tag), namespace=namespace)
+    wait_for("later pod bound", lambda: "later" in _bound(kai_cluster.pods(namespace)),
+             logs=sched)  # fmt: skip
+    assert sched.running()
+
+
+def _sample(metrics: str, name: str, **labels: str) -> float | None:
+    for line in metrics.splitlines():
+        if line.startswith("#"):
+            continue
+        m = re.match(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)$", line)
+        if not m or m.group(1) != name:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+        if all(found.get(k) == v for k, v in labels.items()):
+            return float(m.group(3))
+    return None
+
+
+def test_metrics_probes_and_json_logs(
+    kai_cluster: KaiCluster, start_scheduler: StartScheduler, namespace: str,
+    make_gpu_nodes: Any,
+) -> None:  # fmt: skip
+    tag = _tag()
+    make_gpu_nodes(1, gpus=2, labels=tag)
+    sched = start_scheduler()
+    assert sched.get("/healthz")[0] == 200
+    assert sched.get("/readyz")[0] == 200
+    kai_cluster.create(
+        *(pod_manifest(f"m-{i}", gpus=1, node_selector=tag) for i in range(3)),
+        namespace=namespace,
+    )
+    wait_for("2 bound", lambda: len(_bound(kai_cluster.pods(namespace))) == 2, logs=sched)
+
+    def scraped() -> str | None:
+        text = sched.metrics()
+        pending = _sample(text, "kai_pending_pods", queue="default-queue")
+        return text if pending == 1 and _sample(text, "kai_binds_total") == 2 else None
+
+    text = wait_for("metrics show 2 binds and 1 pending pod", scraped, logs=sched)
+    assert (_sample(text, "kai_cycle_duration_seconds_count") or 0) >= 1
+    assert (_sample(text, "kai_solve_duration_seconds_count") or 0) >= 1
+    assert _sample(text, "kai_pending_gangs", queue="default-queue") == 1
+    assert _sample(text, "kai_bind_failures_total") == 0
+    assert _sample(text, "kai_evictions_total", reason="stale_gang") == 0
+    assert (_sample(text, "kai_queue_allocated", queue="default-queue", resource="gpu") or 0) >= 2
+    assert _sample(text, "kai_queue_fair_share", queue="default-queue", resource="gpu") is not None
+    assert _sample(text, "kai_leader") == 1
+    records = sched.log_records()  # raises if any line is not JSON
+    bound = [r for r in records if r.get("event") == "bound"]
+    assert len(bound) == 2
+    assert all({"pod", "gang", "node", "cycle"} <= set(r) for r in bound)
+    assert any(r.get("event") == "cycle" and "cycle" in r for r in records)
+    assert sched.stop() == 0  # SIGTERM is a clean shutdown
+    assert sched.log_records()[-1]["event"] == "exiting"
+
+
+@pytest.mark.parametrize("strategy", ["binpack", "spread"])
+def test_binpack_fills_a_node_spread_spreads(
+    kai_cluster: KaiCluster, start_scheduler: StartScheduler, namespace: str,
+    make_gpu_nodes: Any, strategy: str,
+) -> None:  # fmt: skip
+    tag = _tag()
+    nodes = make_gpu_nodes(3, gpus=4, labels=tag)
+    sched = start_scheduler(config={"placement": {"gpu": strategy, "cpu": strategy}})
+    for i in range(3):  # one at a time, so each decision sees the previous ones
+        kai_cluster.create(pod_manifest(f"s-{i}", gpus=1, node_selector=tag),
+                           namespace=namespace)  # fmt: skip
+        wait_for(f"s-{i} bound", lambda i=i: f"s-{i}" in _bound(kai_cluster.pods(namespace)),
+                 logs=sched)  # fmt: skip
+    per_node = Counter(_bound(kai_cluster.pods(namespace)).values())
+    assert set(per_node) <= set(nodes)
+    if strategy == "binpack":
+        assert sorted(per_node.values()) == [3], per_node
+    else:
+        assert sorted(per_node.values()) == [1, 1, 1], per_node
+    grants = kubectl_json(kai_cluster.cp, "get", "pods", "-n", namespace)["items"]
+    assert all("kai.scheduler/gpu-grant" in p["metadata"]["annotations"] for p in grants)
