@@ -66,8 +66,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         "--kube-api-secure",
         metavar="true|false",
         type=parse_bool,
-        default=True,
-        help="verify the API server's TLS certificate (default true)",
+        default=None,
+        help="verify the API server's TLS certificate (default: as the kubeconfig says)",
     )
     p.add_argument(
         "--scheduler-name",

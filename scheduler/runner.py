@@ -88,7 +88,16 @@ class Scheduler:
     async def serve(self) -> int:
         """Run until :attr:`stop` is set (0) or a task fails (1); 2 for bad connection flags."""
         health = HealthServer(self.service.metrics_address, self.state, self.metrics)
-        await health.start()
+        try:
+            await health.start()
+        except OSError as e:
+            log.error(
+                "cannot_serve_probes",
+                address=self.service.metrics_address,
+                error=str(e),
+                fix="free the port or pass another --metrics-address",
+            )
+            return 2
         log.info("serving_probes", address=self.service.metrics_address, port=health.port)
         try:
             api = await make_api_client(self.client_settings)
@@ -127,6 +136,7 @@ class Scheduler:
         tasks: dict[str, asyncio.Task[Any]] = {
             "watch": asyncio.create_task(watcher.run(), name="watch"),
             "cycle": asyncio.create_task(self._cycle_loop(watcher, backend), name="cycle"),
+            "loop-lag": asyncio.create_task(self._watch_loop_lag(), name="loop-lag"),
         }
         if self.elector is not None:
             tasks["lease"] = asyncio.create_task(self.elector.run(self.stop), name="lease")
@@ -164,6 +174,17 @@ class Scheduler:
         for task in [*tasks.values(), stopper]:
             task.cancel()
         await asyncio.gather(*tasks.values(), stopper, return_exceptions=True)
+
+    async def _watch_loop_lag(self, interval: float = 0.05) -> None:
+        """Measure how late the loop wakes up; warn when it stalled past 100 ms."""
+        loop = asyncio.get_running_loop()
+        while not self.stop.is_set():
+            before = loop.time()
+            await asyncio.sleep(interval)
+            lag = max(0.0, loop.time() - before - interval)
+            self.metrics.loop_lag.observe(lag)
+            if lag > 0.1:
+                log.warning("event_loop_stalled", seconds=round(lag, 3), cycle=self.cycles)
 
     async def _wait_trigger(self, pending: asyncio.Event) -> None:
         """Until the period passes, new pending work arrives (then debounce), or stop."""

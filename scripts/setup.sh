@@ -13,7 +13,7 @@ die() { log "ERROR: $*"; exit 1; }
 need_pkgs=()
 command -v openssl >/dev/null 2>&1 || need_pkgs+=(openssl)
 command -v setpriv >/dev/null 2>&1 || need_pkgs+=(util-linux)
-if [[ ${#need_pkgs[@]} -gt 0 ]]; then
+if [[ ${#need_pkgs[@]} -gt 0 && "${1:-}" != "--python-only" ]]; then
     command -v apt-get >/dev/null 2>&1 || die "missing ${need_pkgs[*]} and no apt-get to install them"
     log "installing Debian packages: ${need_pkgs[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -43,6 +43,12 @@ if [[ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]]; then
     echo "$want" > "$stamp"
 else
     log "python dependencies up to date"
+fi
+
+# --python-only: what the demo needs (no cluster, so no Go builds or Debian packages).
+if [[ "${1:-}" == "--python-only" ]]; then
+    log "setup complete (python only)"
+    exit 0
 fi
 
 command -v go >/dev/null 2>&1 || die "the Go toolchain (>= 1.26) is required to build the test control plane"

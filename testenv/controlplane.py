@@ -92,6 +92,20 @@ def _default_log_dir(run: str) -> Path:
     return base / run
 
 
+def _sweep_orphaned_work_dirs() -> None:
+    """Delete data dirs left by interpreters that died without stop() (e.g. SIGKILL)."""
+    for path in Path(tempfile.gettempdir()).glob("kai-testenv-*-*"):
+        owner = path.name.split("-")[2]
+        if not owner.isdigit():
+            continue
+        try:
+            os.kill(int(owner), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            pass
+
+
 class ControlPlane:
     """A throwaway Kubernetes control plane for tests. Use ``start()``/``stop()`` or ``with``.
 
@@ -113,7 +127,8 @@ class ControlPlane:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.startup_timeout = startup_timeout
         self.startup_seconds: float | None = None
-        self._work = Path(tempfile.mkdtemp(prefix="kai-testenv-"))
+        _sweep_orphaned_work_dirs()
+        self._work = Path(tempfile.mkdtemp(prefix=f"kai-testenv-{os.getpid()}-"))
         self._pki_dir = self._work / "pki"
         self.ca_file: Path = self._pki_dir / "ca.crt"
         self.admin_token: str = secrets.token_hex(24)
@@ -212,6 +227,20 @@ class ControlPlane:
     def running(self) -> bool:
         """True while every started component is alive."""
         return bool(self._components) and all(c.running() for c in self._components)
+
+    def restart_apiserver(self, down_seconds: float = 0.0, timeout: float = 60.0) -> None:
+        """Stop kube-apiserver, keep it down ``down_seconds``, start it again on the same port
+        and wait for ``/readyz`` (for tests of client recovery). etcd keeps the data."""
+        comp = next(c for c in self._components if c.name == "kube-apiserver")
+        comp.stop()
+        if down_seconds > 0:
+            time.sleep(down_seconds)
+        comp.start()
+        self._wait(
+            time.monotonic() + timeout,
+            "kube-apiserver /readyz after restart",
+            lambda: self._api_get("/readyz") == "ok",
+        )
 
     # ----------------------------------------------------------------- plumbing
 

@@ -200,8 +200,8 @@ _NODE_SHAPES: list[tuple[float, float, int, int, dict[str, str], tuple[Taint, ..
     ),
     (0.1, 0.5, 64, 512, {"nvidia.com/gpu.product": "L4", "zone": "b"}, ()),
 ]
-# whole GPUs per pod, pods per gang (min, max), weight
-_GANG_SHAPES = [(1, (1, 1), 4), (2, (2, 4), 2), (4, (2, 4), 2), (8, (2, 8), 1), (0, (1, 1), 1)]
+# whole GPUs per pod, pods per gang (min, max), weight: about 5 pods per gang on average
+_GANG_SHAPES = [(1, (1, 8), 4), (2, (2, 8), 2), (4, (2, 8), 2), (8, (2, 8), 1), (0, (1, 8), 1)]
 _LEAVES = ["r0-t0-a", "r0-t0-b", "r0-t1-a", "r1-t0-a", "r1-t0-b", "r1-t1-a"]
 
 

@@ -104,6 +104,11 @@ def _gpu_request(annotations: Mapping[str, str], requests: Resources) -> GpuRequ
     memory = annotations.get(GPU_MEMORY_ANNOTATION)
     devices_raw = annotations.get(GPU_FRACTION_DEVICES_ANNOTATION)
     if fraction is None and memory is None:
+        if devices_raw is not None:
+            raise PodSpecError(
+                f"metadata.annotations[{GPU_FRACTION_DEVICES_ANNOTATION}]",
+                "only applies together with gpu-fraction or gpu-memory; add one or remove it",
+            )
         return GpuRequest(requests[GPU], GPU_MILLI) if requests[GPU] else None
     key = GPU_FRACTION_ANNOTATION if fraction is not None else GPU_MEMORY_ANNOTATION
     field = f"metadata.annotations[{key}]"
@@ -138,6 +143,9 @@ def _gpu_request(annotations: Mapping[str, str], requests: Resources) -> GpuRequ
     assert memory is not None
     try:
         mib = parse_quantity(memory)
+        # A bare number is MiB (KAI's convention); a suffixed quantity ("20Gi") is bytes.
+        if memory.strip()[-1:].isalpha():
+            mib = mib / 2**20
     except QuantityError:
         mib = None
     if mib is None or mib <= 0:

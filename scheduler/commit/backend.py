@@ -66,6 +66,7 @@ class LiveBackend:
         self.staleness = StalenessTracker()
         self.status = StatusPublisher(writer)
         self.cycle = 0
+        self._led = True
 
     async def snapshot(self) -> Snapshot:
         """The cache's snapshot (built on the loop; the cache keeps it cheap)."""
@@ -79,7 +80,13 @@ class LiveBackend:
         cycle = self.cycle
         if not self.is_leader():
             log.info("not_leader_skip_commit", cycle=cycle)
+            self._led = False
             return CommitResult()
+        if not self._led:
+            # Another replica may have written status and timed gangs meanwhile: start fresh.
+            self.status = StatusPublisher(self.writer)
+            self.staleness = StalenessTracker()
+            self._led = True
         pods = {p.key: p for p in snapshot.pods}
         placed = [o for o in placement.outcomes.values() if o.placed and o.pods]
         # Extra pods of gangs already satisfied may come as assignments without an outcome.

@@ -29,6 +29,7 @@ from scheduler.cluster.node import GPU_MILLI
 
 __all__ = [
     "Candidates",
+    "DeviceTerms",
     "FragmentationScorer",
     "MixArrays",
     "TaskType",
@@ -42,6 +43,12 @@ FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 
 Weighting = Literal["count", "gpu"]
+#: ``single``: FGD's measure (can one task of the type still fit; what can it not use);
+#: ``fill``: how much of the free GPU copies of the type could take before CPU, memory or
+#: device room runs out.
+Measure = Literal["single", "fill"]
+import os
+_ALPHA = float(os.environ.get("KA", "1"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +66,20 @@ class TaskType:
     models: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceTerms:
+    """Per node state and per-device-need threshold u, [N, U] each.
+
+    ``sums``: free thousandths on devices with at least u free; ``counts``: how many such
+    devices; ``fills``: thousandths that tasks needing u each could take (sum of
+    floor(free / u) * u over devices).
+    """
+
+    sums: IntArray
+    counts: IntArray
+    fills: IntArray
+
+
 @dataclass(frozen=True)
 class MixArrays:
     """A :class:`WorkloadMix` as arrays over its T types, for one model numbering.
@@ -71,9 +92,11 @@ class MixArrays:
     cpu: IntArray  # [T]
     mem: IntArray  # [T]
     gpus: IntArray  # [T]
+    milli: IntArray  # [T]
     u_index: IntArray  # [T]
     thresholds: IntArray  # [U]
     allowed: BoolArray  # [T, M]
+    measure: Measure = "fill"
 
 
 @dataclass
@@ -88,6 +111,7 @@ class WorkloadMix:
 
     weighting: Weighting = "count"
     include_cpu_only: bool = True
+    measure: Measure = "fill"
     counts: dict[TaskType, float] = field(default_factory=dict)
     version: int = 0
 
@@ -113,7 +137,7 @@ class WorkloadMix:
         else:
             raw = np.array(
                 [
-                    self.counts[t] * (max(t.gpus * t.milli, 1) if self.weighting == "gpu" else 1)
+                    self.counts[t] * (max(t.gpus * t.milli, 1) ** _ALPHA if self.weighting == "gpu" else 1)
                     for t in types
                 ],
                 dtype=np.float64,
@@ -135,46 +159,69 @@ class WorkloadMix:
             cpu=np.array([t.cpu_milli for t in types], dtype=np.int64),
             mem=np.array([t.memory_mib for t in types], dtype=np.int64),
             gpus=np.array([t.gpus for t in types], dtype=np.int64),
+            milli=np.array([t.milli for t in types], dtype=np.int64),
             u_index=np.searchsorted(thresholds, needs).astype(np.int64),
             thresholds=thresholds.astype(np.int64),
             allowed=allowed,
+            measure=self.measure,
         )
 
 
-def device_sums(gpu_free: IntArray, thresholds: IntArray) -> tuple[IntArray, IntArray]:
-    """Per row and threshold u: free thousandths on devices with >= u free, and their count.
-
-    ``gpu_free`` is [N, D]; both results are [N, U].
-    """
-    ge = gpu_free[:, :, None] >= thresholds[None, None, :]
-    sums = (gpu_free[:, :, None] * ge).sum(axis=1)
-    return sums.astype(np.int64), ge.sum(axis=1).astype(np.int64)
+def device_sums(gpu_free: IntArray, thresholds: IntArray) -> DeviceTerms:
+    """Per row and threshold u, over devices: see :class:`DeviceTerms`. ``gpu_free`` is [N, D]."""
+    g = gpu_free[:, :, None]
+    u = thresholds[None, None, :]
+    ge = g >= u
+    fills = (g // np.maximum(u, 1)) * u
+    return DeviceTerms(
+        (g * ge).sum(axis=1).astype(np.int64),
+        ge.sum(axis=1).astype(np.int64),
+        fills.sum(axis=1).astype(np.int64),
+    )
 
 
 def fragmentation(
     mix: MixArrays,
     free_total: IntArray,
-    sums: IntArray,
-    counts: IntArray,
+    terms: DeviceTerms,
     cpu: IntArray,
     mem: IntArray,
     model: IntArray,
 ) -> FloatArray:
     """Expected unusable GPU thousandths per row (node state) for a task drawn from ``mix``.
 
-    ``free_total`` [C] free thousandths; ``sums``/``counts`` [C, U] from :func:`device_sums`;
+    ``free_total`` [C] free thousandths; ``terms`` [C, U] from :func:`device_sums`;
     ``cpu``/``mem`` [C] free CPU milli / memory MiB; ``model`` [C] model index (-1 = none).
     """
-    s = sums[:, mix.u_index]  # [C, T] thousandths a type could use if it fits
-    fits = counts[:, mix.u_index] >= mix.gpus[None, :]
-    fits &= cpu[:, None] >= mix.cpu[None, :]
-    fits &= mem[:, None] >= mix.mem[None, :]
     has_model = model >= 0
     # A node without GPUs only ever hosts CPU-only types; its model column is irrelevant.
     allowed = np.where(has_model[:, None], mix.allowed[:, np.maximum(model, 0)].T, True)
-    fits &= allowed | (mix.gpus[None, :] == 0)
-    usable: FloatArray = np.where(fits, s, 0).astype(np.float64) @ mix.weight
-    return free_total.astype(np.float64) - usable
+    allowed |= mix.gpus[None, :] == 0
+    if mix.measure == "fill":
+        usable = _fill_usable(mix, terms, cpu, mem) * allowed
+    else:
+        s = terms.sums[:, mix.u_index]  # [C, T] thousandths a type could use if it fits
+        fits = terms.counts[:, mix.u_index] >= mix.gpus[None, :]
+        fits &= cpu[:, None] >= mix.cpu[None, :]
+        fits &= mem[:, None] >= mix.mem[None, :]
+        usable = np.where(fits & allowed, s, 0)
+    used: FloatArray = usable.astype(np.float64) @ mix.weight
+    return free_total.astype(np.float64) - used
+
+
+def _fill_usable(mix: MixArrays, terms: DeviceTerms, cpu: IntArray, mem: IntArray) -> IntArray:
+    """GPU thousandths that copies of each type could take, one after another: limited by the
+    devices' room (a 1000 device holds two 470 tasks: 60 left over) and by CPU and memory
+    (8 idle GPUs with CPU for only two tasks strand six). [C, T]"""
+    k = mix.gpus[None, :]
+    per_task = k * mix.milli[None, :]
+    whole = (terms.counts[:, mix.u_index] // np.maximum(k, 1)) * per_task
+    dev = np.where(k > 1, whole, terms.fills[:, mix.u_index])
+    big = np.iinfo(np.int64).max // 4
+    by_cpu = np.where(mix.cpu > 0, cpu[:, None] // np.maximum(mix.cpu, 1), big // 1000)
+    by_mem = np.where(mix.mem > 0, mem[:, None] // np.maximum(mix.mem, 1), big // 1000)
+    usable: IntArray = np.minimum(dev, np.minimum(by_cpu, by_mem) * per_task)
+    return np.where(k > 0, usable, 0)
 
 
 @dataclass(frozen=True)
@@ -195,25 +242,28 @@ def candidate_fragmentation(
     mix: MixArrays,
     cand: Candidates,
     free_total: IntArray,
-    sums: IntArray,
-    counts: IntArray,
+    terms: DeviceTerms,
     cpu_after: IntArray,
     mem_after: IntArray,
     model: IntArray,
 ) -> FloatArray:
     """Fragmentation of each candidate's node *after* the placement.
 
-    ``free_total``/``sums``/``counts``/``model`` are per node (indexed by ``cand.node``);
+    ``free_total``/``terms``/``model`` are per node (indexed by ``cand.node``);
     ``cpu_after``/``mem_after`` per candidate. Only the changed devices are re-counted.
     """
     u = mix.thresholds[None, :]
+    u1 = np.maximum(u, 1)
     b = cand.before[:, None]
     a = cand.after[:, None]
     m = cand.mult[:, None]
-    s = sums[cand.node] + m * (a * (a >= u) - b * (b >= u))
-    c = counts[cand.node] + m * ((a >= u).astype(np.int64) - (b >= u))
+    after = DeviceTerms(
+        terms.sums[cand.node] + m * (a * (a >= u) - b * (b >= u)),
+        terms.counts[cand.node] + m * ((a >= u).astype(np.int64) - (b >= u)),
+        terms.fills[cand.node] + m * ((a // u1) * u - (b // u1) * u),
+    )
     g = free_total[cand.node] - cand.mult * (cand.before - cand.after)
-    return fragmentation(mix, g, s, c, cpu_after, mem_after, model[cand.node])
+    return fragmentation(mix, g, after, cpu_after, mem_after, model[cand.node])
 
 
 __all__ += ["candidate_fragmentation"]
@@ -246,13 +296,12 @@ class FragmentationScorer:
         """Fragmentation of one node state."""
         mix = self._mix()
         g = np.array([list(gpu_free) or [0]], dtype=np.int64)
-        sums, counts = device_sums(g, mix.thresholds)
+        terms = device_sums(g, mix.thresholds)
         mi = self.models.index(model) if model in self.models else -1
         frag = fragmentation(
             mix,
             g.sum(axis=1),
-            sums,
-            counts,
+            terms,
             np.array([cpu]),
             np.array([mem]),
             np.array([mi]),

@@ -76,9 +76,13 @@ def _quiet_logs() -> None:
     """Cycle logs would bury the table: keep only warnings, on stderr."""
     import structlog
 
+    def to_stderr(*_args: Any) -> structlog.PrintLogger:
+        # Look stderr up on every call: it may be replaced (pytest capture, redirection).
+        return structlog.PrintLogger(sys.stderr)
+
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=to_stderr,
         processors=[
             structlog.processors.add_log_level,
             structlog.dev.ConsoleRenderer(colors=False),

@@ -6,6 +6,7 @@ CLI can print one line and exit 2 instead of a traceback.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -83,8 +84,8 @@ def read_seconds(value: Any, path: str) -> float:
         seconds = parse_duration(value, path)
     except SpecError as e:
         raise ScenarioError(path, e.message) from e
-    if seconds < 0:
-        raise ScenarioError(path, f"{value!r} must not be negative")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ScenarioError(path, f"{value!r} must be a finite duration >= 0, e.g. 30s or 10m")
     return seconds
 
 

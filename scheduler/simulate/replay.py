@@ -26,6 +26,7 @@ import numpy as np
 from scheduler.cluster.node import GPU_MILLI
 from scheduler.plugins.fragmentation import (
     Candidates,
+    Measure,
     MixArrays,
     TaskType,
     WorkloadMix,
@@ -70,6 +71,7 @@ class ReplaySettings:
     gpu_weighted: bool = True
     cpu_only_in_mix: bool = True
     pack_ties: bool = True
+    measure: Measure = "fill"
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,10 +140,8 @@ class _Cluster:
         """Recompute every node's cached terms for a new mix."""
         self.mix_arrays = mix
         self.total = self.gpu.sum(axis=1)
-        self.sums, self.counts = device_sums(self.gpu, mix.thresholds)
-        self.frag = fragmentation(
-            mix, self.total, self.sums, self.counts, self.cpu, self.mem, self.model
-        )
+        self.terms = device_sums(self.gpu, mix.thresholds)
+        self.frag = fragmentation(mix, self.total, self.terms, self.cpu, self.mem, self.model)
 
     def update_node(self, n: int) -> None:
         """Recompute one node's cached terms after a placement."""
@@ -149,13 +149,12 @@ class _Cluster:
         assert mix is not None
         row = self.gpu[n : n + 1]
         self.total[n] = row.sum()
-        s, c = device_sums(row, mix.thresholds)
-        self.sums[n], self.counts[n] = s[0], c[0]
+        t = device_sums(row, mix.thresholds)
+        self.terms.sums[n], self.terms.counts[n], self.terms.fills[n] = t.sums, t.counts, t.fills
         self.frag[n] = fragmentation(
             mix,
             self.total[n : n + 1],
-            s,
-            c,
+            t,
             self.cpu[n : n + 1],
             self.mem[n : n + 1],
             self.model[n : n + 1],
@@ -211,7 +210,7 @@ class _Cluster:
             mix = self.mix_arrays
             assert mix is not None
             after = candidate_fragmentation(
-                mix, cand, self.total, self.sums, self.counts, cpu_after, mem_after, self.model
+                mix, cand, self.total, self.terms, cpu_after, mem_after, self.model
             )
             delta = np.round(after - self.frag[cand.node], 6)
             if settings.policy == "fgd" or not settings.pack_ties:
@@ -263,6 +262,7 @@ def replay(
     mix = WorkloadMix(
         weighting="gpu" if frag and settings.gpu_weighted else "count",
         include_cpu_only=settings.cpu_only_in_mix or not frag,
+        measure=settings.measure if frag else "single",
     )
     capacity = int(cluster.gpu.sum())
     placements: list[TracePlacement] = []

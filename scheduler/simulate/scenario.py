@@ -57,6 +57,7 @@ from scheduler.simulate.workload import JobArrival, parse_jobs, pod_groups, prio
 from scheduler.solver.placement import PlacementSettings, Strategy
 
 __all__ = [
+    "MIN_CYCLE_PERIOD",
     "JobArrival",
     "Scenario",
     "ScenarioError",
@@ -65,6 +66,11 @@ __all__ = [
     "parse_scenario",
 ]
 
+#: Guards against typos that would eat the machine's memory (devices are tracked one by one).
+MAX_NODES_PER_SHAPE = 100_000
+MAX_GPUS_PER_NODE = 256
+#: Shorter periods only multiply cycles without changing outcomes.
+MIN_CYCLE_PERIOD = 0.1
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _STRATEGIES = ("binpack", "spread")
 _SOLVERS = ("cpsat", "greedy")
@@ -115,8 +121,10 @@ def _settings(raw: Any) -> ScenarioSettings:
         ("cyclePeriod", "end", "gpuStrategy", "cpuStrategy", "solver", "solverTimeLimit"),
     )
     period = read_seconds(data.get("cyclePeriod", "10s"), "settings.cyclePeriod")
-    if period <= 0:
-        raise ScenarioError("settings.cyclePeriod", "must be longer than 0s, e.g. 10s")
+    if period < MIN_CYCLE_PERIOD:
+        raise ScenarioError(
+            "settings.cyclePeriod", f"must be at least {MIN_CYCLE_PERIOD}s; KAI's default is 1s"
+        )
     end = None if data.get("end") is None else read_seconds(data["end"], "settings.end")
     limit = read_seconds(data.get("solverTimeLimit", "0.5s"), "settings.solverTimeLimit")
     solver = read_choice(data.get("solver", "cpsat"), "settings.solver", _SOLVERS)
@@ -187,6 +195,10 @@ def _nodes(raw: Any) -> tuple[Node, ...]:
         name = read_name(data.get("name"), f"{path}.name")
         count = read_count(data.get("count", 1), f"{path}.count")
         gpus = read_count(data.get("gpus", 0), f"{path}.gpus", allow_zero=True)
+        if count > MAX_NODES_PER_SHAPE:
+            raise ScenarioError(f"{path}.count", f"at most {MAX_NODES_PER_SHAPE} nodes per shape")
+        if gpus > MAX_GPUS_PER_NODE:
+            raise ScenarioError(f"{path}.gpus", f"at most {MAX_GPUS_PER_NODE} GPUs per node")
         quantities = {
             CPU: _quantity_field(data.get("cpu", 64), f"{path}.cpu"),
             MEMORY: _quantity_field(data.get("memory", "512Gi"), f"{path}.memory"),

@@ -38,7 +38,7 @@ from scheduler.cluster.pod import Pod
 from scheduler.cluster.queue import UNLIMITED, QueueTree
 from scheduler.fairness import FairShareReport
 from scheduler.plugins.packing import Strategy
-from scheduler.solver.greedy import GangRequest, shape_key
+from scheduler.solver.greedy import GangRequest, pod_size, shape_key
 from scheduler.solver.patterns import ClassInfo, Pattern, PatternSet, enumerate_patterns, pack
 
 __all__ = ["CpResult", "ModelGang", "ObjectiveWeights", "optimize"]
@@ -111,17 +111,17 @@ def optimize(
     model = cp_model.CpModel()
 
     # --- data: shapes and per-gang counts ----------------------------------------------
-    shape_ids: dict[object, int] = {}
-    shapes: list[Pod] = []
-    counts: list[Counter[int]] = []
+    # shape ids in canonical order (larger first) - the packer relies on it
+    by_key: dict[object, Pod] = {}
     for g in gangs:
-        c: Counter[int] = Counter()
         for pod in g.request.required:
-            sid = shape_ids.setdefault(shape_key(pod), len(shapes))
-            if sid == len(shapes):
-                shapes.append(pod)
-            c[sid] += 1
-        counts.append(c)
+            by_key.setdefault(shape_key(pod), pod)
+    ordered = sorted(by_key.items(), key=lambda kv: pod_size(kv[1]), reverse=True)
+    shapes: list[Pod] = [pod for _, pod in ordered]
+    shape_ids: dict[object, int] = {key: i for i, (key, _) in enumerate(ordered)}
+    counts: list[Counter[int]] = [
+        Counter(shape_ids[shape_key(p)] for p in g.request.required) for g in gangs
+    ]
     demand = [0] * len(shapes)
     for c in counts:
         for s, n in c.items():

@@ -29,7 +29,7 @@ from scheduler.framework.scoring import DevicePicker, NodeScorer, PodDemand
 from scheduler.plugins.packing import PackingScorer
 from scheduler.solver.placement import PodAssignment
 from scheduler.solver.queues import QueueBook
-from scheduler.solver.state import ClassKey, ClusterState, pick_devices, pod_demand, uses_node_name
+from scheduler.solver.state import ClassKey, ClusterState, pick_devices, uses_node_name
 
 __all__ = [
     "ClassIndex",
@@ -157,7 +157,7 @@ class ClassIndex:
             self._accepts[(sig, slot.static_id)] = ok
         if not ok:
             return None
-        demand = pod_demand(pod, slot.node)
+        demand = self.state.demand_on(pod, slot)
         if demand is None or not slot.fits(demand):
             return None
         grant = self.grant(pod, demand, slot.name)
@@ -202,7 +202,7 @@ def _place_pod(index: ClassIndex, pod: Pod, gang: str) -> PodAssignment | None:
     node = index.best(pod)
     if node is None:
         return None
-    demand = pod_demand(pod, state.nodes[node].node)
+    demand = state.demand_on(pod, state.nodes[node])
     grant = index.grant(pod, demand, node) if demand is not None else None
     if demand is None or grant is None:
         return None

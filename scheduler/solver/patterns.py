@@ -2,27 +2,29 @@
 
 The CP-SAT model does not decide pod by pod. For each node class it counts how many nodes
 take each *pattern* (a multiset of pod shapes). A pattern is feasible when the canonical
-packer (:func:`pack`) fits it on the class's free state; the same packer later turns each
-chosen pattern into concrete device grants on a concrete node, so what the model counts can
-always be realised.
+packer fits it on the class's free state - pods in canonical order (largest first, then by
+shape id), each taking devices with :func:`~scheduler.solver.state.pick_devices`. The same
+packer (:func:`pack`) later turns each chosen pattern into device grants on a concrete node,
+so what the model counts can be realised.
 
-Enumeration is capped per class. The patterns the greedy pass used are always added, so the
-greedy answer is a complete, feasible hint of the model.
+Enumeration is capped per class: one-shape patterns for a few counts (1, 2, 4, the most
+that fit), then two-shape mixes that fill the node. The patterns the greedy pass used are
+always added, so the greedy answer is a complete, feasible hint.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scheduler.cluster.node import Node
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.selectors import node_accepts
 from scheduler.plugins.packing import Strategy, node_cost
 from scheduler.solver.greedy import pod_size
-from scheduler.solver.state import ClassKey, pick_devices, pod_demand
+from scheduler.solver.state import ClassKey, pick_devices, pod_demand, raw
 
-__all__ = ["ClassInfo", "Pattern", "PatternSet", "enumerate_patterns", "pack"]
+__all__ = ["ClassInfo", "Pattern", "PatternSet", "canonical", "enumerate_patterns", "pack"]
 
 #: A pattern: sorted (shape id, count) pairs.
 Pattern = tuple[tuple[int, int], ...]
@@ -47,6 +49,39 @@ class ClassInfo:
         return list(self.key[2])
 
 
+def canonical(pods: Sequence[Pod]) -> list[Pod]:
+    """Pods in the order the packer places them: largest first (stable for equal sizes)."""
+    return sorted(pods, key=pod_size, reverse=True)
+
+
+# (requests items, device count, thousandths per device)
+_Demand = tuple[tuple[tuple[str, int], ...], int, int]
+
+
+def _take(
+    free: dict[str, int], gpu_free: list[int], d: _Demand, spread: bool
+) -> tuple[int, ...] | None:
+    requests, count, milli = d
+    for k, v in requests:
+        if v > 0 and free.get(k, 0) < v:
+            return None
+    devices = pick_devices(gpu_free, count, milli, spread=spread)
+    if devices is None:
+        return None
+    for k, v in requests:
+        free[k] = free.get(k, 0) - v
+    for i in devices:
+        gpu_free[i] -= milli
+    return devices
+
+
+def _demand(pod: Pod, node: Node) -> _Demand | None:
+    d = pod_demand(pod, node)
+    if d is None:
+        return None
+    return (tuple(raw(d.requests).items()), d.gpu_count, d.gpu_milli)
+
+
 def pack(
     node: Node,
     free: dict[str, int],
@@ -55,26 +90,20 @@ def pack(
     *,
     spread: bool = False,
 ) -> list[tuple[tuple[int, int], ...]] | None:
-    """Canonical packing of ``pods`` (largest first) on a node state, changed in place.
+    """Pack ``pods`` in the given order on a node state (changed in place).
 
-    Returns the device grant of each pod in the order of ``sorted(pods, key=pod_size,
-    reverse=True)``, or None when they do not all fit.
+    Returns each pod's device grant, or None when they do not all fit. Callers pass pods in
+    :func:`canonical` order.
     """
     grants: list[tuple[tuple[int, int], ...]] = []
-    for pod in sorted(pods, key=pod_size, reverse=True):
-        demand = pod_demand(pod, node)
-        if demand is None:
+    for pod in pods:
+        d = _demand(pod, node)
+        if d is None:
             return None
-        if any(free.get(k, 0) < v for k, v in demand.requests.items() if v > 0):
-            return None
-        devices = pick_devices(gpu_free, demand.gpu_count, demand.gpu_milli, spread=spread)
+        devices = _take(free, gpu_free, d, spread)
         if devices is None:
             return None
-        for k, v in demand.requests.items():
-            free[k] = free.get(k, 0) - v
-        for i in devices:
-            gpu_free[i] -= demand.gpu_milli
-        grants.append(tuple((i, demand.gpu_milli) for i in devices))
+        grants.append(tuple((i, d[2]) for i in devices))
     return grants
 
 
@@ -82,18 +111,8 @@ def pack(
 class PatternSet:
     """Feasible patterns of one class with their quality change (after minus before)."""
 
-    patterns: list[Pattern]
-    delta: list[int]
-
-
-def _quality_delta(
-    info: ClassInfo, pods: Sequence[Pod], gpu: Strategy, cpu: Strategy, spread: bool
-) -> int | None:
-    free, gpu_free = info.free, info.gpu_free
-    before = node_cost(info.node, free, gpu_free, gpu, cpu)
-    if pack(info.node, free, gpu_free, pods, spread=spread) is None:
-        return None
-    return node_cost(info.node, free, gpu_free, gpu, cpu) - before
+    patterns: list[Pattern] = field(default_factory=list)
+    delta: list[int] = field(default_factory=list)
 
 
 def enumerate_patterns(
@@ -106,52 +125,73 @@ def enumerate_patterns(
     cpu: Strategy,
     cap: int,
 ) -> PatternSet:
-    """Patterns for ``info``: the ``required`` ones (greedy's), then one-shape fills, then
-    two-shape mixes, up to ``cap`` in total. ``shapes[i]`` is a pod of shape i and
-    ``demand[i]`` how many pods of that shape the cycle asks for (a pattern never uses more).
+    """Patterns for ``info`` (see the module docstring), at most ``cap`` plus ``required``.
+
+    ``shapes[i]`` is a pod of shape i (shape ids follow canonical order: a lower id is never
+    smaller) and ``demand[i]`` how many pods of that shape the cycle asks for.
     """
     spread = gpu == "spread"
-    out = PatternSet([], [])
+    node = info.node
+    base_free, base_gpu = info.free, info.gpu_free
+    before = node_cost(node, base_free, base_gpu, gpu, cpu)
+    out = PatternSet()
     seen: set[Pattern] = set()
 
-    def add(pattern: Pattern) -> bool:
-        if pattern in seen or not pattern:
-            return pattern in seen
-        pods = [shapes[s] for s, n in pattern for _ in range(n)]
-        delta = _quality_delta(info, pods, gpu, cpu, spread)
-        if delta is None:
-            return False
-        seen.add(pattern)
-        out.patterns.append(pattern)
-        out.delta.append(delta)
-        return True
+    def record(pattern: Pattern, free: dict[str, int], gpu_free: list[int]) -> None:
+        if pattern not in seen:
+            seen.add(pattern)
+            out.patterns.append(pattern)
+            out.delta.append(node_cost(node, free, gpu_free, gpu, cpu) - before)
+
+    demands: dict[int, _Demand] = {}
+    for s, pod in enumerate(shapes):
+        if demand[s] <= 0:
+            continue
+        if not node_accepts(node, pod.tolerations, pod.node_selector, pod.affinity):
+            continue
+        d = _demand(pod, node)
+        if d is not None:
+            demands[s] = d
 
     for pattern in required:
-        add(pattern)
-    fits = [
-        s
-        for s, pod in enumerate(shapes)
-        if demand[s] > 0
-        and node_accepts(info.node, pod.tolerations, pod.node_selector, pod.affinity)
-        and add(((s, 1),))
-    ]
-    # Bigger pods first: they are the ones that need whole nodes.
-    fits.sort(key=lambda s: pod_size(shapes[s]), reverse=True)
+        free, gpu_free = dict(base_free), list(base_gpu)
+        ok = all(
+            s in demands and _take(free, gpu_free, demands[s], spread) is not None
+            for s, k in pattern
+            for _ in range(k)
+        )
+        if ok:
+            record(pattern, free, gpu_free)
+
+    # one shape: counts 1, 2, 4, ..., and the most that fit
     most: dict[int, int] = {}
-    for s in fits:
-        k = 1
-        while k < demand[s] and len(out.patterns) < cap and add(((s, k + 1),)):
+    for s, d in demands.items():
+        free, gpu_free = dict(base_free), list(base_gpu)
+        k = 0
+        states: list[tuple[dict[str, int], list[int]]] = []
+        while k < demand[s] and _take(free, gpu_free, d, spread) is not None:
             k += 1
+            states.append((dict(free), list(gpu_free)))
+        if not k:
+            continue
         most[s] = k
+        for n in sorted({1, 2, 4, k - 1, k} & set(range(1, k + 1))):
+            if len(out.patterns) >= cap:
+                break
+            record(((s, n),), *states[n - 1])
+    # two shapes: n of the larger, then fill with the smaller
+    fits = sorted(most)
     for i, a in enumerate(fits):
         for b in fits[i + 1 :]:
-            if len(out.patterns) >= cap:
-                return out
-            # a few mixes: n of a, then as many b as fit
-            for na in sorted({1, max(1, most[a] // 2), max(1, most[a] - 1)}):
-                nb = 0
-                while nb < demand[b] and add(tuple(sorted(((a, na), (b, nb + 1))))):
-                    nb += 1
+            for na in sorted({1, most[a] // 2} - {0}):
                 if len(out.patterns) >= cap:
                     return out
+                free, gpu_free = dict(base_free), list(base_gpu)
+                for _ in range(na):
+                    _take(free, gpu_free, demands[a], spread)
+                nb = 0
+                while nb < demand[b] and _take(free, gpu_free, demands[b], spread) is not None:
+                    nb += 1
+                if nb:
+                    record(((a, na), (b, nb)), free, gpu_free)
     return out

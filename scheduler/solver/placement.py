@@ -94,6 +94,10 @@ class Placement:
     best_bound: int = 0
     solve_seconds: float = 0.0
     build_seconds: float = 0.0
+    #: Time spent explaining unplaced gangs (scheduler.explain), part of the cycle.
+    explain_seconds: float = 0.0
+    #: Wall-clock seconds of the whole solve() call.
+    total_seconds: float = 0.0
     #: Problems the validator found (empty = valid). A non-empty list never leaves the solver:
     #: it falls back to greedy, and to nothing if greedy is invalid too.
     violations: tuple[str, ...] = ()

@@ -104,7 +104,9 @@ def solve(
             break
         all_violations.extend(violations)
         log.error("placement_invalid", cycle=cycle, engine=engine.value, violations=violations[:20])
+    explain_started = time.perf_counter()
     outcomes = _outcomes(problem, assignments)
+    explain_seconds = time.perf_counter() - explain_started
     placement = Placement(
         assignments=tuple(assignments),
         outcomes=outcomes,
@@ -117,6 +119,8 @@ def solve(
         build_seconds=build_seconds + (cp.build_seconds if cp is not None else 0.0),
         solve_seconds=cp.solve_seconds if cp is not None else 0.0,
         violations=tuple(all_violations),
+        explain_seconds=explain_seconds,
+        total_seconds=time.perf_counter() - started,
     )
     log.info(
         "solved",

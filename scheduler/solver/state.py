@@ -29,11 +29,22 @@ __all__ = [
     "NodeSlot",
     "pick_devices",
     "pod_demand",
+    "raw",
     "uses_node_name",
 ]
 
 #: (static traits id, sorted free resources, sorted free thousandths per device)
 ClassKey = tuple[int, tuple[tuple[str, int], ...], tuple[int, ...]]
+
+
+def raw(resources: Mapping[str, int]) -> Mapping[str, int]:
+    """The plain dict behind a :class:`Resources` (read-only use!), else the mapping itself.
+
+    ``Resources.items()`` goes through ``Mapping``'s generic views (an ``__getitem__`` per
+    key), which dominates the per-pod loops of a 5,000-node cycle.
+    """
+    inner = getattr(resources, "_items", None)
+    return inner if isinstance(inner, dict) else resources
 
 
 def uses_node_name(pod: Pod) -> bool:
@@ -100,7 +111,7 @@ class NodeSlot:
     def fits(self, demand: PodDemand) -> bool:
         """Resources fit (devices are checked by :func:`pick_devices`)."""
         free = self.free
-        return all(free.get(k, 0) >= v for k, v in demand.requests.items() if v > 0)
+        return all(free.get(k, 0) >= v for k, v in raw(demand.requests).items() if v > 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +143,7 @@ class ClusterState:
         #: pod uid -> where it sits (bound pods of the snapshot and applied pods)
         self.placed: dict[str, PodAssignment] = {}
         self._listeners: list[Callable[[ClassKey], None]] = []
+        self._demands: dict[tuple[str, int], PodDemand | None] = {}
         for slot in nodes:
             slot.static_id = self._static_id(slot.node)
             slot.key = slot.class_key()
@@ -146,29 +158,57 @@ class ClusterState:
         ``by_name`` keeps every node in its own class; by default it is on only when some
         pending pod selects nodes by name.
         """
-        states = snapshot.node_states()
-        counts: dict[str, int] = {}
+        nodes = snapshot.nodes
+        used: dict[str, dict[str, int]] = {n.name: {} for n in nodes}
+        gpu_free = {n.name: [GPU_MILLI] * raw(n.allocatable).get(GPU, 0) for n in nodes}
+        bound: list[Pod] = []
+        ungranted: list[Pod] = []
+        # Same accounting as Snapshot.node_states, with plain dicts (this runs every cycle
+        # over every pod; Resources arithmetic allocates too much here).
         for p in snapshot.pods:
-            if p.bound and p.active and p.node_name in states:
-                counts[p.node_name or ""] = counts.get(p.node_name or "", 0) + 1
+            if p.node_name is None or p.node_name not in used or not p.active:
+                continue
+            bound.append(p)
+            row = used[p.node_name]
+            requests = raw(p.requests)
+            for k, v in requests.items():
+                row[k] = row.get(k, 0) + v
+            row[PODS] = row.get(PODS, 0) + 1
+            if p.gpu_grant:
+                devices = gpu_free[p.node_name]
+                for index, milli in p.gpu_grant:
+                    if 0 <= index < len(devices):
+                        devices[index] -= milli
+            elif GPU in requests or p.gpu is not None:
+                ungranted.append(p)
+        node_of = snapshot.node_by_name
+        for p in ungranted:
+            devices = gpu_free[p.node_name or ""]
+            node = node_of[p.node_name or ""]
+            count = p.requests[GPU] or (p.gpu.count if p.gpu else 0)
+            share = None if p.requests[GPU] or p.gpu is None else p.gpu.milli_on(node)
+            for _ in range(count):
+                best = max(range(len(devices)), key=lambda i: devices[i], default=None)
+                if best is None:
+                    break
+                devices[best] -= share or GPU_MILLI
         slots = []
-        for name, st in states.items():
-            free = dict(st.node.allocatable - st.used)
-            if st.node.allocatable[PODS] > 0:
-                free[PODS] = free.get(PODS, 0) - counts.get(name, 0)
-            slots.append(NodeSlot(st.node, free, list(st.gpu_free), 0))
+        for n in nodes:
+            row = used[n.name]
+            alloc = raw(n.allocatable)
+            free = {k: v - row.get(k, 0) for k, v in alloc.items()}
+            slots.append(NodeSlot(n, free, gpu_free[n.name], 0))
         pending = [p for p in snapshot.pods if p.pending]
         if by_name is None:
             by_name = any(uses_node_name(p) for p in pending)
         state = cls(slots, by_name=by_name)
         for p in pending:
             state.pods[p.uid] = p
-        for p in snapshot.pods:
-            if p.bound and p.active and p.node_name in states:
-                state.pods[p.uid] = p
-                state.placed[p.uid] = PodAssignment(
-                    p.uid, p.key, p.gang, p.node_name or "", p.gpu_grant
-                )
+        for p in bound:
+            state.pods[p.uid] = p
+            state.placed[p.uid] = PodAssignment(
+                p.uid, p.key, p.gang, p.node_name or "", p.gpu_grant
+            )
         return state
 
     def split_by_name(self) -> None:
@@ -179,6 +219,7 @@ class ClusterState:
         self.classes = {}
         self.static_nodes = []
         self._static_ids = {}
+        self._demands = {}
         for slot in self.nodes.values():
             slot.static_id = self._static_id(slot.node)
             slot.key = slot.class_key()
@@ -238,7 +279,16 @@ class ClusterState:
 
     def demand(self, pod: Pod, node: str) -> PodDemand | None:
         """:func:`pod_demand` of ``pod`` on the named node."""
-        return pod_demand(pod, self.nodes[node].node)
+        return self.demand_on(pod, self.nodes[node])
+
+    def demand_on(self, pod: Pod, slot: NodeSlot) -> PodDemand | None:
+        """:func:`pod_demand`, cached per (pod, static traits): it depends on nothing else."""
+        key = (pod.uid, slot.static_id)
+        try:
+            return self._demands[key]
+        except KeyError:
+            d = self._demands[key] = pod_demand(pod, slot.node)
+            return d
 
     def apply(self, assignment: PodAssignment, pod: Pod | None = None) -> None:
         """Take the pod's resources and device grant on its node.
@@ -254,7 +304,7 @@ class ClusterState:
             raise ValueError(f"pod {assignment.pod_key}: node {assignment.node} is unknown")
         if assignment.pod_uid in self.placed:
             raise ValueError(f"pod {assignment.pod_key} is already placed")
-        demand = pod_demand(pod, slot.node)
+        demand = self.demand_on(pod, slot)
         if demand is None or not slot.fits(demand):
             raise ValueError(f"pod {assignment.pod_key} does not fit on node {slot.name}")
         for index, milli in assignment.gpu_grant:
@@ -264,7 +314,7 @@ class ClusterState:
                     f"has no {milli} thousandths free"
                 )
         self._leave(slot)
-        for k, v in demand.requests.items():
+        for k, v in raw(demand.requests).items():
             slot.free[k] = slot.free.get(k, 0) - v
         for index, milli in assignment.gpu_grant:
             slot.gpu_free[index] -= milli
@@ -278,8 +328,8 @@ class ClusterState:
         assignment = self.placed.pop(pod_uid)
         pod = self.pods[pod_uid]
         slot = self.nodes[assignment.node]
-        demand = pod_demand(pod, slot.node)
-        requests: Mapping[str, int] = demand.requests if demand else pod.requests
+        demand = self.demand_on(pod, slot)
+        requests: Mapping[str, int] = raw(demand.requests if demand else pod.requests)
         self._leave(slot)
         for k, v in requests.items():
             slot.free[k] = slot.free.get(k, 0) + v
@@ -301,7 +351,7 @@ class ClusterState:
         """The device grant the default packer gives ``pod`` on ``node``; None if it does not
         fit there (resources or devices; taints and selectors are not checked here)."""
         slot = self.nodes[node]
-        demand = pod_demand(pod, slot.node)
+        demand = self.demand_on(pod, slot)
         if demand is None or not slot.fits(demand):
             return None
         devices = pick_devices(slot.gpu_free, demand.gpu_count, demand.gpu_milli, spread=spread)

@@ -44,10 +44,14 @@ def validate(snapshot: Snapshot, assignments: Sequence[PodAssignment]) -> list[s
     out: list[str] = []
     pods = {p.uid: p for p in snapshot.pods}
     nodes = snapshot.node_by_name
-    states = snapshot.node_states()
+    # Usage only of the nodes this placement touches: the snapshot's own accounting on a
+    # sub-snapshot, so a 5,000-node cycle does not pay for nodes it leaves alone.
+    touched = {a.node for a in assignments if a.node in nodes}
+    on_touched = tuple(p for p in snapshot.pods if p.node_name in touched)
+    states = Snapshot(nodes=tuple(nodes[n] for n in touched), pods=on_touched).node_states()
     pod_count: dict[str, int] = defaultdict(int)
-    for p in snapshot.pods:
-        if p.bound and p.active and p.node_name in nodes:
+    for p in on_touched:
+        if p.bound and p.active:
             pod_count[p.node_name or ""] += 1
 
     added: dict[str, Resources] = defaultdict(Resources)
@@ -134,14 +138,17 @@ def _queue_of(snapshot: Snapshot, pod: Pod) -> str:
 
 def _queue_violations(snapshot: Snapshot, placed: list[tuple[Pod, PodAssignment]]) -> list[str]:
     tree = snapshot.queue_tree
-    before: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
+    by_leaf: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
     for p in snapshot.pods:
         if p.managed and p.active and p.bound:
-            for q in (
-                tree.ancestors(_queue_of(snapshot, p)) if _queue_of(snapshot, p) in tree else []
-            ):
-                for r, v in pod_queue_usage(p).items():
-                    before[q][r] += v
+            row = by_leaf[_queue_of(snapshot, p)]
+            for r, v in pod_queue_usage(p).items():
+                row[r] += v
+    before: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
+    for leaf, use in by_leaf.items():
+        for q in tree.ancestors(leaf) if leaf in tree else []:
+            for r, v in use.items():
+                before[q][r] += v
     new: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
     new_np: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
     out: list[str] = []

@@ -127,6 +127,7 @@ def test_metrics_probes_and_json_logs(
     assert (_sample(text, "kai_queue_allocated", queue="default-queue", resource="gpu") or 0) >= 2
     assert _sample(text, "kai_queue_fair_share", queue="default-queue", resource="gpu") is not None
     assert _sample(text, "kai_leader") == 1
+    assert (_sample(text, "kai_event_loop_lag_seconds_count") or 0) >= 1
     records = sched.log_records()  # raises if any line is not JSON
     bound = [r for r in records if r.get("event") == "bound"]
     assert len(bound) == 2

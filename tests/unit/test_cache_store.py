@@ -32,7 +32,9 @@ class Clock:
         return self.now
 
 
-def node(name: str, gpus: int = 8, cpu: str = "64", ready: bool = True, **labels: str) -> dict[str, Any]:
+def node(
+    name: str, gpus: int = 8, cpu: str = "64", ready: bool = True, **labels: str
+) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "uid": f"uid-{name}", "labels": labels},
         "spec": {},
@@ -270,7 +272,9 @@ def test_bound_malformed_pod_still_occupies_its_node(cache: Cache) -> None:
 
 def test_pods_of_other_schedulers_only_use_capacity(cache: Cache) -> None:
     cache.apply("Node", "ADDED", node("n1", gpus=8))
-    cache.apply("Pod", "ADDED", pod("theirs", gpus=3, node_name="n1", scheduler="default-scheduler"))
+    cache.apply(
+        "Pod", "ADDED", pod("theirs", gpus=3, node_name="n1", scheduler="default-scheduler")
+    )
     cache.apply("Pod", "ADDED", pod("waiting", scheduler="default-scheduler"))
     bad = pod("their-bad", scheduler="default-scheduler", annotations={"gpu-fraction": "x"})
     cache.apply("Pod", "ADDED", bad)

@@ -64,6 +64,7 @@ def test_flags_are_applied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert service.identity.startswith("sched-0_")
     assert client.api_secure is False
     assert client.kube_config is None
+    assert _parse([]).kube_api_secure is None  # unset: the kubeconfig decides
     assert config.scheduler_name == "mine"
     assert config.placement.gpu_strategy == "spread"
     assert config.cycle_period == 0.3
@@ -120,3 +121,14 @@ def test_simulate_subcommand_is_wired() -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     assert {"run", "simulate"} <= set(sub.choices)
+
+
+def test_metrics_port_in_use_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main([f"--metrics-address=127.0.0.1:{port}"]) == 2
+    assert "--metrics-address" in capsys.readouterr().err

@@ -9,9 +9,11 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from scheduler.cluster.pod import PodPhase
 from scheduler.explain import (
@@ -23,6 +25,15 @@ from scheduler.explain import (
 from scheduler.simulate.engine import SimulationResult, simulate
 from scheduler.simulate.report import gang_summaries, summary
 from scheduler.simulate.scenario import load_scenario
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """The CLI quiets structlog globally; give other tests their configuration back."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "simulate" / "quickstart.yaml"
@@ -142,3 +153,21 @@ def test_readme_command_runs_the_quickstart() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "team-b/finetune" in proc.stdout and "Queue" in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+def test_reasons_example_hits_each_documented_reason() -> None:
+    result = simulate(load_scenario(ROOT / "examples" / "simulate" / "reasons.yaml"))
+    by_job = {g.job: g for g in gang_summaries(result)}
+    expected = {
+        "half-gang": "GangIncomplete",
+        "train-big": "QueueLimit",
+        "wants-h100": NO_MATCHING_NODE,
+        "eight-gpus": NODE_TOO_SMALL,
+        "to-parent": "NonLeafQueue",
+    }
+    for job, code in expected.items():
+        assert (by_job[job].status, by_job[job].reason_code) == ("waiting", code), job
+    assert by_job["llm-serve"].status == "running"
+    eval_job = by_job["eval"]
+    assert eval_job.placed_at is not None and eval_job.placed_at >= 20 * 60
+    assert eval_job.waited_code == "QueueLimit"

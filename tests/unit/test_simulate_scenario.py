@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import copy
+import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,6 +18,15 @@ from scheduler.cluster.node import GPU_MILLI
 from scheduler.cluster.pod import GpuRequest
 from scheduler.cluster.resources import GPU
 from scheduler.simulate.scenario import ScenarioError, load_scenario, parse_scenario
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """The CLI quiets structlog globally; give other tests their configuration back."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
 
 BASE: dict[str, Any] = {
     "name": "t",
@@ -166,12 +178,18 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ("jobs.1.pods", {"count": 2}, "jobs[1].pods.template.spec.containers", "container"),
         ("nodes.0.count", 1.5, "nodes[0].count", "positive whole number"),
         ("nodes.0.gpus", -1, "nodes[0].gpus", ">= 0"),
+        ("nodes.0.gpus", 10**6, "nodes[0].gpus", "at most 256"),
         ("nodes.0.memory", "big", "nodes[0].memory", "quantity"),
         ("nodes.1.taints", [{"key": "k", "effect": "Sometimes"}], "nodes[1].taints[0].effect", ""),
         ("nodes", [], "nodes", "at least one"),
         ("queues.1.spec", {"resources": {"gpu": {"quota": 4, "limit": 2}}}, "queues[1].spec", ""),
         ("queues.1.metadata", {"name": "dept"}, "queues[1].metadata.name", "twice"),
-        ("settings.cyclePeriod", "0s", "settings.cyclePeriod", "longer than 0s"),
+        ("settings.cyclePeriod", "0s", "settings.cyclePeriod", "at least 0.1s"),
+        ("jobs.0.at", float("nan"), "jobs[0].at", "finite"),
+        ("jobs.0.duration", float("inf"), "jobs[0].duration", "finite"),
+        ("jobs.0.namespace", 7, "jobs[0].namespace", "name"),
+        ("jobs.0.queue", ["team"], "jobs[0].queue", "name"),
+        ("jobs.1.pods.count", 10**7, "jobs[1].pods.count", "at most"),
         ("settings.gpuStrategy", "random", "settings.gpuStrategy", "binpack, spread"),
         ("settings.solver", "magic", "settings.solver", "cpsat, greedy"),
         ("podGroups.0.spec", {"minMember": "x"}, "podGroups[0].spec.minMember", ""),
@@ -259,6 +277,13 @@ def test_any_bad_value_is_a_scenario_error_never_a_crash(index: int, value: Any)
         node = node[part]
     node[path[-1]] = value
     try:
-        parse_scenario(data)
+        parsed = parse_scenario(data)
     except ScenarioError as e:
         assert e.field and e.message
+        return
+    # Accepted values must be usable: finite times, a positive period.
+    assert parsed.settings.cycle_period >= 0.1
+    assert parsed.settings.end is None or math.isfinite(parsed.settings.end)
+    for job in parsed.jobs:
+        assert math.isfinite(job.at) and job.at >= 0
+        assert job.duration is None or math.isfinite(job.duration)
