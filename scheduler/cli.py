@@ -96,7 +96,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log-format", choices=LOG_FORMATS, default="json")
     p.add_argument("--log-level", choices=LOG_LEVELS, default="info", type=str.lower)
-    p.set_defaults(command="run")  # fmt: skip
+    p.set_defaults(command="run")
 
 
 def _simulate_module() -> ModuleType | None:
@@ -148,8 +148,9 @@ def settings_from_args(
     base = SchedulerConfig()
     namespace = os.environ.get("POD_NAMESPACE")
     if namespace:
-        base = replace(base, leader_election=replace(base.leader_election,
-                                                     lease_namespace=namespace))  # fmt: skip
+        base = replace(
+            base, leader_election=replace(base.leader_election, lease_namespace=namespace)
+        )
     config = load_config(args.config, base)
     if args.scheduler_name is not None:
         if not args.scheduler_name.strip():

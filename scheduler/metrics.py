@@ -37,13 +37,17 @@ class SchedulerMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self.cycle_seconds = Histogram(
-            "kai_cycle_duration_seconds", "Duration of one scheduling cycle.",
-            buckets=_DURATION_BUCKETS, registry=r,
-        )  # fmt: skip
+            "kai_cycle_duration_seconds",
+            "Duration of one scheduling cycle.",
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
         self.solve_seconds = Histogram(
-            "kai_solve_duration_seconds", "Duration of fair share plus placement solving.",
-            buckets=_DURATION_BUCKETS, registry=r,
-        )  # fmt: skip
+            "kai_solve_duration_seconds",
+            "Duration of fair share plus placement solving.",
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
         self.cycles = Counter("kai_cycles", "Scheduling cycles run.", registry=r)
         self.pending_pods = Gauge(
             "kai_pending_pods", "Pods waiting for a node, per queue.", ["queue"], registry=r
@@ -62,23 +66,27 @@ class SchedulerMetrics:
         self.queue_allocated = Gauge(
             "kai_queue_allocated",
             "Resources held by a queue (gpu devices, cpu millicores, memory MB).",
-            ["queue", "resource"], registry=r,
-        )  # fmt: skip
+            ["queue", "resource"],
+            registry=r,
+        )
         self.queue_fair_share = Gauge(
             "kai_queue_fair_share",
             "Fair share of a queue (gpu devices, cpu millicores, memory MB).",
-            ["queue", "resource"], registry=r,
-        )  # fmt: skip
+            ["queue", "resource"],
+            registry=r,
+        )
         self.queue_requested = Gauge(
             "kai_queue_requested",
             "Resources a queue holds plus what its pending pods ask for.",
-            ["queue", "resource"], registry=r,
-        )  # fmt: skip
+            ["queue", "resource"],
+            registry=r,
+        )
         self.loop_lag = Histogram(
             "kai_event_loop_lag_seconds",
             "How late the event loop woke a 50 ms timer (solving must not stall the loop).",
-            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0), registry=r,
-        )  # fmt: skip
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+            registry=r,
+        )
         self.leader = Gauge(
             "kai_leader", "1 while this replica holds the leader lease.", registry=r
         )
@@ -92,8 +100,11 @@ class SchedulerMetrics:
 
     def observe_pending(self, snapshot: Snapshot, pending_gangs: Iterable[str]) -> None:
         """Set pending pods and gangs per queue from this cycle's snapshot."""
-        pods = Tally(snapshot.gang_by_key[p.gang].queue if p.gang in snapshot.gang_by_key
-                     else p.queue for p in snapshot.pods if p.pending)  # fmt: skip
+        pods = Tally(
+            snapshot.gang_by_key[p.gang].queue if p.gang in snapshot.gang_by_key else p.queue
+            for p in snapshot.pods
+            if p.pending
+        )
         gangs = Tally(
             snapshot.gang_by_key[g].queue for g in pending_gangs if g in snapshot.gang_by_key
         )

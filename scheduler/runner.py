@@ -125,9 +125,11 @@ class Scheduler:
         )
         if self.service.leader_elect:
             self.elector = LeaderElector(
-                api, cfg.leader_election, self.service.identity,
+                api,
+                cfg.leader_election,
+                self.service.identity,
                 on_change=lambda leading: self.metrics.leader.set(1 if leading else 0),
-            )  # fmt: skip
+            )
         else:
             self.metrics.leader.set(1)
         backend = LiveBackend(
@@ -151,8 +153,11 @@ class Scheduler:
                     continue
                 code = 1
                 error = None if task.cancelled() else task.exception()
-                log.error("task_ended_unexpectedly", task=task.get_name(),
-                          error=repr(error) if error else "returned")  # fmt: skip
+                log.error(
+                    "task_ended_unexpectedly",
+                    task=task.get_name(),
+                    error=repr(error) if error else "returned",
+                )
         finally:
             self.stop.set()
             self.state.stopping = True
@@ -226,6 +231,11 @@ class Scheduler:
                         raise
                 else:
                     failures = 0
+                    log.debug(
+                        "cycle_timings",
+                        cycle=self.cycles,
+                        **{k: round(v, 4) for k, v in report.timings.items()},
+                    )
                     self.metrics.observe_cycle(report.seconds, report.solve_seconds)
                     self.metrics.observe_pending(report.snapshot, report.placement.outcomes)
                     self.metrics.observe_fair_share(report.fair_share)

@@ -35,6 +35,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--fill", type=float, default=0.7, help="GPU fraction already in use")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cycles", type=int, default=5)
+    p.add_argument(
+        "--jitter", type=int, default=0, help="random extra cores/GiB on running pods (0 = none)"
+    )
     p.add_argument("--time-limit", type=float, default=0.5, help="CP-SAT seconds per cycle")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--greedy-only", action="store_true")
@@ -62,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     invalid = 0
     for k in range(args.cycles):
-        spec = ClusterSpec(args.nodes, args.gpus_per_node, args.gangs, args.fill, args.seed + k)
+        spec = ClusterSpec(
+            args.nodes, args.gpus_per_node, args.gangs, args.fill, args.seed + k, args.jitter
+        )
         snap = synthetic_snapshot(spec)
         started = time.perf_counter()
         placement = solve(snap, settings, cycle=k)
@@ -94,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "cycles": args.cycles,
         "time_limit": args.time_limit,
+        "jitter": args.jitter,
         "greedy_only": args.greedy_only,
         "cycle_seconds_p50": round(statistics.median(seconds), 4),
         "cycle_seconds_p95": round(_pct(seconds, 0.95), 4),

@@ -184,6 +184,9 @@ class ClusterSpec:
     gangs: int = 200
     fill: float = 0.7
     seed: int = 0
+    #: Random extra CPU (cores) and memory (GiB) on running pods, up to this many: makes
+    #: every node's remainder different (many node classes), as in real clusters.
+    jitter: int = 0
 
 
 # (share of nodes, gpus scale, cpu cores, memory GiB, labels, taints)
@@ -271,13 +274,14 @@ def synthetic_snapshot(spec: ClusterSpec) -> Snapshot:
             leaf = rng.choice(_LEAVES)
             name = f"run-{n.name}-{k}"
             grant = tuple((used + j, GPU_MILLI) for j in range(take))
+            noise = rng.randint(0, spec.jitter) if spec.jitter else 0
             pods.append(
                 make_pod(
                     name,
                     queue=leaf,
                     gpus=take,
-                    cpu=8 * take,
-                    memory_gib=64 * take,
+                    cpu=8 * take + noise,
+                    memory_gib=64 * take + noise,
                     node=n.name,
                     grant=grant,
                     tolerations=(toleration,),

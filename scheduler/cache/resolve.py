@@ -12,6 +12,9 @@ Rules (the contract every stage shares):
 - A pending pod naming a missing or invalid PodGroup is left out (it cannot be scheduled) and
   becomes a :class:`Problem`; a bound one still occupies its node, in a stand-in gang.
 - Pods of other schedulers only occupy nodes: they keep no gang (``gang == ""``).
+
+Known edge: an implicit gang is keyed ``namespace/<pod name>``, so a pod without a gang
+annotation that shares its name with a PodGroup in its namespace is counted in that PodGroup.
 """
 
 from __future__ import annotations
@@ -155,8 +158,10 @@ def resolve(
         if rec.problem is not None:
             problems.append(rec.problem)
         pod = rec.pod
-        if pod is None or not pod.active:
-            continue  # unreadable and unbound, or finished: holds nothing, needs nothing
+        if pod is None or not pod.active or (not pod.managed and not pod.bound):
+            # Unreadable and unbound, finished, or another scheduler's pending pod:
+            # it holds nothing and is not ours to place.
+            continue
         changes: dict[str, Any] = {}
         if not rec.has_priority and rec.priority_class in priorities:
             changes["priority"] = priorities[rec.priority_class]

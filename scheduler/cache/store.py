@@ -324,6 +324,12 @@ class Cache:
         if grant:
             self._grants[pod_uid] = (node, grant)
         self._generation += 1  # capacity shrank: no new pending work, so no trigger
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (pure use): expiry happens at the next snapshot
+        # Wake the cycle when the assumption lapses, even if nothing else happens meanwhile.
+        loop.call_later(self.assume_ttl + 0.05, self._expire_due)
 
     def forget(self, pod_uid: str) -> None:
         """Undo :meth:`assume` after a failed bind: the pod is pending again, its GPUs free."""
@@ -337,6 +343,9 @@ class Cache:
     def assumed(self) -> dict[str, str]:
         """Pods assumed but not yet confirmed: uid -> node."""
         return {uid: a.node for uid, a in self._assumed.items()}
+
+    def _expire_due(self) -> None:
+        self._expire(self._clock())
 
     def _expire(self, now: float) -> None:
         for uid, a in list(self._assumed.items()):

@@ -98,10 +98,12 @@ class LiveBackend:
         placed += [GangOutcome(g, "", True, tuple(items)) for g, items in extras.items()]
         commits: list[GangCommit] = list(
             await asyncio.gather(
-                *(commit_gang(o, pods, self.writer, self.cache, self.is_leader, cycle=cycle)
-                  for o in placed)
+                *(
+                    commit_gang(o, pods, self.writer, self.cache, self.is_leader, cycle=cycle)
+                    for o in placed
+                )
             )
-        )  # fmt: skip
+        )
         done = {c.gang: c for c in commits}
         bound = sum(len(c.bound) for c in commits)
         failed = sum(len(c.failed) for c in commits)
@@ -132,8 +134,14 @@ class LiveBackend:
 
     async def _evict(self, stale: Sequence[StaleGang], cycle: int) -> None:
         for s in stale:
-            log.warning("gang_stale_evicting", gang=s.gang.key, queue=s.gang.queue,
-                        bound=len(s.bound), min_member=s.gang.min_member, cycle=cycle)  # fmt: skip
+            log.warning(
+                "gang_stale_evicting",
+                gang=s.gang.key,
+                queue=s.gang.queue,
+                bound=len(s.bound),
+                min_member=s.gang.min_member,
+                cycle=cycle,
+            )
             results = await asyncio.gather(
                 *(self.writer.evict(p.namespace, p.name, p.uid) for p in s.bound)
             )

@@ -84,12 +84,18 @@ def node_label_problems(snapshot: Snapshot, known: Iterable[Problem] = ()) -> li
         raw = node.label_map.get(GPU_MEMORY_LABEL)
         if raw is None or node.gpu_memory_mib is not None or ("Node", node.name, field) in seen:
             continue
-        out.append(Problem(
-            "Node", "", node.name, field,
-            f"{raw!r} is not a positive whole number of MiB; fix the label (e.g. 81920) or "
-            "remove it - until then pods that ask for GPU memory cannot use this node",
-            api_version="v1", reason="InvalidLabel",
-        ))  # fmt: skip
+        out.append(
+            Problem(
+                "Node",
+                "",
+                node.name,
+                field,
+                f"{raw!r} is not a positive whole number of MiB; fix the label (e.g. 81920) or "
+                "remove it - until then pods that ask for GPU memory cannot use this node",
+                api_version="v1",
+                reason="InvalidLabel",
+            )
+        )
     return out
 
 
@@ -113,24 +119,41 @@ def _podgroup_body(gang: Gang, pods: list[Pod], outcome: GangOutcome | None) -> 
     }
     if counted >= gang.min_member:
         body["phase"] = "Running"
-        condition = {"type": "Unschedulable", "status": "False", "reason": "Scheduled",
-                     "message": f"{counted}/{gang.min_member} pods placed"}  # fmt: skip
+        condition = {
+            "type": "Unschedulable",
+            "status": "False",
+            "reason": "Scheduled",
+            "message": f"{counted}/{gang.min_member} pods placed",
+        }
         body["schedulingConditions"] = []
     elif outcome is not None and not outcome.placed:
         body["phase"] = "Unschedulable"
         reason = outcome.reason_code or "Unschedulable"
         message = outcome.reason or "the gang cannot be placed now"
-        condition = {"type": "Unschedulable", "status": "True", "reason": reason,
-                     "message": message}  # fmt: skip
+        condition = {
+            "type": "Unschedulable",
+            "status": "True",
+            "reason": reason,
+            "message": message,
+        }
         body["schedulingConditions"] = [
-            {"type": "UnschedulableOnNodePool", "nodePool": "default", "status": "True",
-             "reason": reason, "message": message,
-             "reasons": [{"reason": reason, "message": message}]}
-        ]  # fmt: skip
+            {
+                "type": "UnschedulableOnNodePool",
+                "nodePool": "default",
+                "status": "True",
+                "reason": reason,
+                "message": message,
+                "reasons": [{"reason": reason, "message": message}],
+            }
+        ]
     else:
         body["phase"] = "Pending"
-        condition = {"type": "Unschedulable", "status": "False", "reason": "Pending",
-                     "message": f"{counted}/{gang.min_member} pods placed"}  # fmt: skip
+        condition = {
+            "type": "Unschedulable",
+            "status": "False",
+            "reason": "Pending",
+            "message": f"{counted}/{gang.min_member} pods placed",
+        }
         body["schedulingConditions"] = []
     body["conditions"] = [condition]
     return body
@@ -199,9 +222,16 @@ class StatusPublisher:
                 if pod is None:
                     continue
                 self._pod_message.pop(pod.uid, None)
-                calls.append(self._limited(self.writer.event(
-                    pod_ref(pod), "Scheduled",
-                    f"Successfully assigned {pod.key} to {a.node}"), pod.key))  # fmt: skip
+                calls.append(
+                    self._limited(
+                        self.writer.event(
+                            pod_ref(pod),
+                            "Scheduled",
+                            f"Successfully assigned {pod.key} to {a.node}",
+                        ),
+                        pod.key,
+                    )
+                )
             for a, error in commit.failed:
                 pod = by_key.get(a.pod_key)
                 if pod is not None and error:
@@ -232,6 +262,8 @@ class StatusPublisher:
         self, snapshot: Snapshot, outcomes: Mapping[str, GangOutcome]
     ) -> list[Awaitable[None]]:
         calls: list[Awaitable[None]] = []
+        live = {g.key for g in snapshot.gangs}
+        self._podgroup = {k: v for k, v in self._podgroup.items() if k in live}
         for gang in snapshot.gangs:
             if gang.implicit:
                 continue
@@ -240,19 +272,26 @@ class StatusPublisher:
             if self._podgroup.get(gang.key) == body:
                 continue
             self._podgroup[gang.key] = body
-            calls.append(self._limited(
-                self.writer.patch_podgroup_status(gang.namespace, gang.name, _stamped(body)),
-                f"{PODGROUP.kind}/{gang.key}"))  # fmt: skip
+            calls.append(
+                self._limited(
+                    self.writer.patch_podgroup_status(gang.namespace, gang.name, _stamped(body)),
+                    f"{PODGROUP.kind}/{gang.key}",
+                )
+            )
             if body["phase"] == "Unschedulable":
                 ref = ObjectRef(PODGROUP.kind, PODGROUP.api_version, gang.name, gang.namespace)
                 message = body["conditions"][0]["message"]
-                calls.append(self._limited(
-                    self.writer.event(ref, "Unschedulable", message, warning=True),
-                    gang.key))  # fmt: skip
+                calls.append(
+                    self._limited(
+                        self.writer.event(ref, "Unschedulable", message, warning=True), gang.key
+                    )
+                )
         return calls
 
     def _queues(self, snapshot: Snapshot, report: FairShareReport) -> list[Awaitable[None]]:
         calls: list[Awaitable[None]] = []
+        live = {q.name for q in snapshot.queues}
+        self._queue = {k: v for k, v in self._queue.items() if k in live}
         for queue in snapshot.queues:
             if queue.name not in report.queues:
                 continue
@@ -260,15 +299,20 @@ class StatusPublisher:
             if self._queue.get(queue.name) == body:
                 continue
             self._queue[queue.name] = body
-            calls.append(self._limited(self.writer.patch_queue_status(queue.name, body),
-                                       f"{QUEUE.kind}/{queue.name}"))  # fmt: skip
+            calls.append(
+                self._limited(
+                    self.writer.patch_queue_status(queue.name, body), f"{QUEUE.kind}/{queue.name}"
+                )
+            )
         return calls
 
     async def _problem(self, problem: Problem) -> None:
-        ref = ObjectRef(problem.kind, problem.api_version or "v1", problem.name,
-                        problem.namespace, problem.uid)  # fmt: skip
+        ref = ObjectRef(
+            problem.kind, problem.api_version or "v1", problem.name, problem.namespace, problem.uid
+        )
         await self._limited(
-            self.writer.event(ref, problem.reason or "InvalidSpec", problem.describe(),
-                              warning=True),
+            self.writer.event(
+                ref, problem.reason or "InvalidSpec", problem.describe(), warning=True
+            ),
             f"{problem.kind}/{problem.key}",
-        )  # fmt: skip
+        )

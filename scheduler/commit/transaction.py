@@ -130,15 +130,27 @@ async def commit_gang(
     for a, out in zip(assignments, outcomes, strict=True):
         if isinstance(out, BindOutcome) and out.bound:
             result.bound.append(a)
-            log.info("bound", pod=a.pod_key, gang=a.gang, node=a.node, cycle=cycle,
-                     gpu_grant=dict(a.gpu_grant) or None)  # fmt: skip
+            log.info(
+                "bound",
+                pod=a.pod_key,
+                gang=a.gang,
+                node=a.node,
+                cycle=cycle,
+                gpu_grant=dict(a.gpu_grant) or None,
+            )
             continue
         error = out.error if isinstance(out, BindOutcome) else str(out)
         cache.forget(a.pod_uid)
         result.failed.append((a, error))
-        log.warning("bind_failed", pod=a.pod_key, gang=a.gang, node=a.node, error=error,
-                    cycle=cycle)  # fmt: skip
+        log.warning(
+            "bind_failed", pod=a.pod_key, gang=a.gang, node=a.node, error=error, cycle=cycle
+        )
     if result.partial:
-        log.warning("gang_partial", gang=outcome.gang, bound=len(result.bound),
-                    failed=len(result.failed), cycle=cycle)  # fmt: skip
+        log.warning(
+            "gang_partial",
+            gang=outcome.gang,
+            bound=len(result.bound),
+            failed=len(result.failed),
+            cycle=cycle,
+        )
     return result

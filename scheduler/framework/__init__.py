@@ -3,6 +3,7 @@
 - :class:`NodeScorer` - how good is putting one pod on one node with a given device grant
   (lower is better); the greedy placement pass asks it for every candidate node class.
 - :class:`DevicePicker` - optionally, which devices of a node a GPU pod should take.
+- :class:`ScoreKey` - optionally, what a score depends on (lets the greedy cache scores).
 - :class:`NodeView` / :class:`PodDemand` - the read-only data both see.
 
 Implementations live in :mod:`scheduler.plugins` (``packing`` for binpack/spread,
@@ -10,6 +11,6 @@ Implementations live in :mod:`scheduler.plugins` (``packing`` for binpack/spread
 pass a scorer explicitly (see :func:`scheduler.solver.place_gangs`).
 """
 
-from scheduler.framework.scoring import DevicePicker, NodeScorer, NodeView, PodDemand
+from scheduler.framework.scoring import DevicePicker, NodeScorer, NodeView, PodDemand, ScoreKey
 
-__all__ = ["DevicePicker", "NodeScorer", "NodeView", "PodDemand"]
+__all__ = ["DevicePicker", "NodeScorer", "NodeView", "PodDemand", "ScoreKey"]

@@ -24,7 +24,7 @@ from typing import Protocol, runtime_checkable
 from scheduler.cluster.node import Node
 from scheduler.cluster.resources import Resources
 
-__all__ = ["DevicePicker", "NodeScorer", "NodeView", "PodDemand"]
+__all__ = ["DevicePicker", "NodeScorer", "NodeView", "PodDemand", "ScoreKey"]
 
 
 class NodeView(Protocol):
@@ -84,4 +84,20 @@ class DevicePicker(Protocol):
 
     def pick_devices(self, node: NodeView, demand: PodDemand) -> tuple[int, ...] | None:
         """Device indices for the pod, or None."""
+        ...
+
+
+@runtime_checkable
+class ScoreKey(Protocol):
+    """Optional: tell the greedy which part of a node's state the score depends on.
+
+    Two nodes with the same static traits, the same free thousandths per device and the same
+    ``score_key`` must get the same score for the same pod; the greedy then scores once per
+    key instead of once per node class (classes differ in every free resource, which in
+    real clusters makes almost every node its own class). Return None to say "nothing
+    beyond devices and static traits".
+    """
+
+    def score_key(self, node: NodeView) -> object:
+        """Hashable summary of what :meth:`NodeScorer.score` reads besides devices."""
         ...

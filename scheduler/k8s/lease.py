@@ -173,8 +173,12 @@ class LeaderElector:
             spec = (lease or {}).get("spec") or {}
             if spec.get("holderIdentity") != self.identity:
                 return
-            lease["spec"] = {**spec, "holderIdentity": "", "leaseDurationSeconds": 1,
-                             "renewTime": _micro_now()}  # fmt: skip
+            lease["spec"] = {
+                **spec,
+                "holderIdentity": "",
+                "leaseDurationSeconds": 1,
+                "renewTime": _micro_now(),
+            }
             await request_json(self.api, "PUT", self.path, body=lease)
             log.info("leader_released", identity=self.identity)
         except KubeError as e:

@@ -41,7 +41,7 @@ from scheduler.k8s.errors import (
 )
 from scheduler.k8s.resources import WATCHED_KINDS, ResourceKind, kind_of
 
-__all__ = ["EventSink", "WatchSettings", "Watcher"]
+__all__ = ["FIELD_SELECTORS", "EventSink", "WatchSettings", "Watcher"]
 
 log = structlog.get_logger("scheduler.k8s.watch")
 
@@ -78,6 +78,11 @@ class WatchSettings:
     backoff_max: float = 30.0
     #: A watch that ends sooner than this with no events counts as a failure (back off).
     min_watch_seconds: float = 1.0
+
+
+#: Server-side filters per kind: finished pods hold nothing, so the API server drops them (a pod
+#: that finishes arrives as DELETED), as kube-scheduler's informer does.
+FIELD_SELECTORS: dict[str, str] = {"Pod": "status.phase!=Succeeded,status.phase!=Failed"}
 
 
 class _Relist(Exception):
@@ -159,6 +164,7 @@ class Watcher:
 
     async def _run_kind(self, kind: ResourceKind, iterations: int | None) -> None:
         rv = self.resource_versions.get(kind.kind) if kind.kind in self.listed else None
+        # ``rv`` None means: list first (the initial sync, or after 410 Gone).
         failures = 0
         rounds = 0
         while iterations is None or rounds < iterations:
@@ -171,6 +177,7 @@ class Watcher:
                     rv, healthy = await self._watch(kind, rv)
             except _Relist:
                 log.info("watch_relist", kind=kind.kind, resource_version=rv, reason="Gone")
+                self.resource_versions.pop(kind.kind, None)
                 rv = None
                 continue
             except KubeError as e:
@@ -219,15 +226,24 @@ class Watcher:
         """List every object of ``kind`` (paged) into the cache; returns the resourceVersion."""
         items: list[dict[str, Any]] = []
         token: str | None = None
+        restarts = 0
         while True:
-            query = {"limit": self.settings.page_size, "continue": token}
+            query = {
+                "limit": self.settings.page_size,
+                "continue": token,
+                "fieldSelector": FIELD_SELECTORS.get(kind.kind),
+            }
             try:
                 page = await request_json(
                     self.api, "GET", kind.list_path(), query=query,
                     timeout=self.settings.list_timeout,
                 )  # fmt: skip
             except Gone:
-                # The continue token expired between pages: start the list over.
+                # The continue token expired between pages: start the list over (a few times;
+                # after that the failure goes through the normal back-off).
+                restarts += 1
+                if token is None or restarts > 3:
+                    raise
                 log.info("list_restart", kind=kind.kind, reason="continue token expired")
                 items, token = [], None
                 continue
@@ -265,6 +281,7 @@ class Watcher:
             "resourceVersion": rv,
             "allowWatchBookmarks": True,
             "timeoutSeconds": server_timeout,
+            "fieldSelector": FIELD_SELECTORS.get(kind.kind),
         }
         timeout = aiohttp.ClientTimeout(
             total=None,

@@ -123,6 +123,7 @@ class Writer:
         limiter: EventLimiter | None = None,
         bind_attempts: int = 3,
         retry_delay: float = 0.2,
+        max_in_flight: int = 16,
     ) -> None:
         self.api = api
         self.component = component
@@ -130,6 +131,7 @@ class Writer:
         self.limiter = limiter or EventLimiter()
         self.bind_attempts = max(1, bind_attempts)
         self.retry_delay = retry_delay
+        self._in_flight = asyncio.Semaphore(max(1, max_in_flight))
 
     # ------------------------------------------------------------------ pods
 
@@ -137,11 +139,13 @@ class Writer:
         """Write the GPU device grant annotation (before binding, so a restart sees it)."""
         body = {"metadata": {"annotations": {GPU_GRANT_ANNOTATION: format_gpu_grant(grant)}}}
         await self._retry(
-            lambda: request_json(
-                self.api, "PATCH", POD.object_path(namespace, name),
-                body=body, content_type=MERGE_PATCH,
+            lambda: self._request(
+                "PATCH",
+                POD.object_path(namespace, name),
+                body=body,
+                content_type=MERGE_PATCH,
             )
-        )  # fmt: skip
+        )
 
     async def bind(self, namespace: str, name: str, uid: str, node: str) -> BindOutcome:
         """Bind through ``pods/binding``; retries temporary errors ``bind_attempts`` times.
@@ -162,7 +166,7 @@ class Writer:
         error = ""
         for attempt in range(self.bind_attempts):
             try:
-                await request_json(self.api, "POST", path, body=body)
+                await self._request("POST", path, body=body)
                 return BindOutcome(True)
             except Conflict as e:
                 return await self._bound_already(namespace, name, node, e)
@@ -177,7 +181,7 @@ class Writer:
         self, namespace: str, name: str, node: str, conflict: KubeError
     ) -> BindOutcome:
         try:
-            pod = await request_json(self.api, "GET", POD.object_path(namespace, name))
+            pod = await self._request("GET", POD.object_path(namespace, name))
         except KubeError as e:
             return BindOutcome(False, f"{conflict.message}; then {e.message}")
         current = ((pod or {}).get("spec") or {}).get("nodeName")
@@ -196,8 +200,8 @@ class Writer:
             body["deleteOptions"] = {"preconditions": {"uid": uid}}
         try:
             await self._retry(
-                lambda: request_json(
-                    self.api, "POST", POD.object_path(namespace, name, "eviction"), body=body
+                lambda: self._request(
+                    "POST", POD.object_path(namespace, name, "eviction"), body=body
                 )
             )
         except NotFound:
@@ -219,11 +223,13 @@ class Writer:
         }
         body = {"status": {"conditions": [condition]}}
         await self._retry(
-            lambda: request_json(
-                self.api, "PATCH", POD.object_path(namespace, name, "status"),
-                body=body, content_type=STRATEGIC_MERGE_PATCH,
+            lambda: self._request(
+                "PATCH",
+                POD.object_path(namespace, name, "status"),
+                body=body,
+                content_type=STRATEGIC_MERGE_PATCH,
             )
-        )  # fmt: skip
+        )
 
     # ------------------------------------------------------------------ status of CRDs
 
@@ -232,20 +238,24 @@ class Writer:
     ) -> None:
         """Merge-patch ``status`` of a PodGroup."""
         await self._retry(
-            lambda: request_json(
-                self.api, "PATCH", PODGROUP.object_path(namespace, name, "status"),
-                body={"status": dict(status)}, content_type=MERGE_PATCH,
+            lambda: self._request(
+                "PATCH",
+                PODGROUP.object_path(namespace, name, "status"),
+                body={"status": dict(status)},
+                content_type=MERGE_PATCH,
             )
-        )  # fmt: skip
+        )
 
     async def patch_queue_status(self, name: str, status: Mapping[str, Any]) -> None:
         """Merge-patch ``status`` of a Queue."""
         await self._retry(
-            lambda: request_json(
-                self.api, "PATCH", QUEUE.object_path(None, name, "status"),
-                body={"status": dict(status)}, content_type=MERGE_PATCH,
+            lambda: self._request(
+                "PATCH",
+                QUEUE.object_path(None, name, "status"),
+                body={"status": dict(status)},
+                content_type=MERGE_PATCH,
             )
-        )  # fmt: skip
+        )
 
     # ------------------------------------------------------------------ events
 
@@ -279,15 +289,22 @@ class Writer:
             "count": 1,
         }
         try:
-            await request_json(
-                self.api, "POST", f"/api/v1/namespaces/{namespace}/events", body=body
-            )
+            await self._request("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
         except KubeError as e:
             log.warning("event_failed", object=f"{ref.kind}/{ref.name}", error=e.message)
             return False
         return True
 
     # ------------------------------------------------------------------ plumbing
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One API request, at most ``max_in_flight`` at a time.
+
+        Bounding concurrency keeps the event loop responsive: a gang of hundreds of pods
+        would otherwise make hundreds of requests ready in the same loop iteration.
+        """
+        async with self._in_flight:
+            return await request_json(self.api, method, path, **kwargs)
 
     async def _retry(self, call: Callable[[], Any]) -> Any:
         """Run ``call``; retry TemporaryError with back-off, re-raise everything else."""

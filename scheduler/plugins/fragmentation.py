@@ -199,6 +199,12 @@ def fragmentation(
     allowed |= mix.gpus[None, :] == 0
     if mix.measure == "fill":
         usable = _fill_usable(mix, terms, cpu, mem) * allowed
+    elif mix.measure == "mixed":
+        s = terms.sums[:, mix.u_index]
+        fits = terms.counts[:, mix.u_index] >= mix.gpus[None, :]
+        fits &= cpu[:, None] >= mix.cpu[None, :]
+        fits &= mem[:, None] >= mix.mem[None, :]
+        usable = (np.where(fits & allowed, s, 0) + _fill_usable(mix, terms, cpu, mem) * allowed) / 2
     else:
         s = terms.sums[:, mix.u_index]  # [C, T] thousandths a type could use if it fits
         fits = terms.counts[:, mix.u_index] >= mix.gpus[None, :]

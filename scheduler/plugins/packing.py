@@ -75,9 +75,9 @@ def node_cost_after(
     cpu_strategy: Strategy,
 ) -> int:
     """:func:`node_cost` of ``view`` once a pod with ``demand`` took ``grant``."""
-    free = dict(view.free)
-    for k, v in demand.requests.items():
-        free[k] = free.get(k, 0) - v
+    # node_cost reads only CPU of the free resources; copy just that (this runs per class
+    # and pod shape in the greedy).
+    free = {CPU: view.free.get(CPU, 0) - demand.requests.get(CPU, 0)}
     gpu_free = list(view.gpu_free)
     for index, milli in grant:
         gpu_free[index] -= milli
@@ -94,6 +94,10 @@ class PackingScorer:
     def __init__(self, gpu_strategy: Strategy = "binpack", cpu_strategy: Strategy = "binpack"):
         self.gpu_strategy: Strategy = gpu_strategy
         self.cpu_strategy: Strategy = cpu_strategy
+
+    def score_key(self, node: NodeView) -> object:
+        """GPU nodes are scored on devices alone; other nodes on their free CPU."""
+        return None if node.gpu_free else node.free.get(CPU, 0)
 
     def score(self, node: NodeView, demand: PodDemand, grant: Sequence[tuple[int, int]]) -> float:
         """Cost change (integer part) plus a tie-break in [0, 1)."""

@@ -15,6 +15,7 @@ dropped ones included) first reaches each checkpoint.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -288,7 +289,14 @@ def replay(
             ]
         # Pods left waiting from earlier cycles are not retried: nothing ever departs, so free
         # capacity only shrinks and a pod that did not fit then cannot fit now.
-        for p in _cycle_order(batch):
+        ks = os.environ.get("KS", "")
+        order = (
+            batch if ks == "none" else
+            sorted(batch, key=lambda p: p.gpu_request_milli) if ks == "asc" else
+            sorted(batch, key=lambda p: (-p.num_gpu, p.gpu_milli == 1000, -p.gpu_milli)) if ks == "fracfirst" else
+            sorted(batch, key=lambda p: -p.gpu_request_milli) if ks == "gpuonly" else
+            _cycle_order(batch))
+        for p in order:
             n, grant = cluster.choose(p, settings)
             if n < 0:
                 (dropped if settings.drop_unplaced else pending).append(p.name)

@@ -244,6 +244,16 @@ def summary(result: SimulationResult) -> dict[str, Any]:
         "capacity": {k: v / 1000 if k in ("gpu", "cpu") else v for k, v in report.capacity.items()},
         "queues": queues,
         "gangs": [g.to_json() for g in gang_summaries(result)],
+        "timeline": [
+            {
+                "time": sample.time,
+                "allocated_gpu": {
+                    q: v / GPU_MILLI for q, v in sorted(sample.allocated_gpu.items())
+                },
+                "waiting_gpu": {q: v / GPU_MILLI for q, v in sorted(sample.waiting_gpu.items())},
+            }
+            for sample in result.samples
+        ],
         "queue_findings": [
             {"queue": f.queue, "field": f.field, "message": f.message} for f in report.findings
         ],

@@ -4,6 +4,7 @@ Public API:
 
 - :func:`solve` (snapshot, settings, report) -> :class:`Placement` - one cycle; synchronous,
   run it in a worker thread. Every pending gang gets a :class:`GangOutcome`.
+- :func:`solve_in_thread` - the same, awaited from asyncio (``asyncio.to_thread``).
 - :func:`validate` (snapshot, assignments) -> list of violations (empty = valid); shares no
   code with the engines.
 - :class:`ClusterState` - mutable free resources per node grouped in equivalence classes:
@@ -28,7 +29,7 @@ from scheduler.solver.placement import (
     Strategy,
 )
 from scheduler.solver.queues import QueueBook
-from scheduler.solver.solve import solve
+from scheduler.solver.solve import solve, solve_in_thread
 from scheduler.solver.state import ClusterState
 from scheduler.solver.validate import validate
 
@@ -45,5 +46,6 @@ __all__ = [
     "Strategy",
     "place_gangs",
     "solve",
+    "solve_in_thread",
     "validate",
 ]

@@ -19,9 +19,18 @@ Objective (maximise, lexicographic by integer weights; numbers in
 i.e. fairness, then admitted work, then placement quality (``dq`` = change of
 :func:`scheduler.plugins.packing.node_cost`, ``Q_off`` keeps the value non-negative).
 
-Running pods are not variables yet; reclaim, preemption, consolidation and elastic shrink
-add them as patterns that *remove* shapes from a node's state (negative counts against a
-class's current load) plus eviction costs in the objective - the same z/y structure.
+Where running pods come in (reclaim, preemption, consolidation, elastic shrink): today a
+class is keyed by a node's *free* state and patterns only add shapes. The extension keys a
+class by (free state, multiset of running *movable* shapes) and lets a pattern also name
+how many running pods of each shape it removes: ``z[c, p]`` stays the count of nodes doing
+``p``. Per running gang a bool ``keep[g]`` (all its pods stay, or all go - gangs stay
+whole) ties removals to gangs the same way the shape-balance rows tie placements to
+``y``; an evicted gang's pods may re-enter as pending shapes (consolidation = evict and
+re-place in one cycle). Elastic shrink is ``keep`` over extra pods only. Reclaim between
+queues adds rows "a queue above its fair share may lose work only to a queue below it";
+preemption inside a queue "only lower priority may be evicted". Eviction costs join the
+objective between admission and quality. None of this changes the variables above, only
+adds columns and rows.
 """
 
 from __future__ import annotations
@@ -104,9 +113,14 @@ def optimize(
     time_limit: float,
     workers: int,
     pattern_cap: int = 48,
+    quality: bool = True,
     cycle: int | None = None,
 ) -> CpResult | None:
-    """Build and solve the model; None when CP-SAT finds nothing usable."""
+    """Build and solve the model; None when the greedy hint cannot be expressed in it.
+
+    ``quality=False`` drops the placement-quality term (used when the greedy ranks nodes
+    with a custom scorer whose notion of quality the model does not share).
+    """
     started = time.perf_counter()
     model = cp_model.CpModel()
 
@@ -165,14 +179,15 @@ def optimize(
             row.append(var)
             for s, k in pattern:
                 slots[s].append((k, var))
-            if ps.delta[pi]:
+            if quality and ps.delta[pi]:
                 quality_terms.append((var, ps.delta[pi]))
         z.append(row)
         if row:
             # class c: patterns use at most its nodes
             model.add(sum(row) <= n)
-            q_min += n * min(0, *ps.delta)
-            q_max += n * max(0, *ps.delta)
+            if quality:
+                q_min += n * min(0, *ps.delta)
+                q_max += n * max(0, *ps.delta)
 
     # --- y[g] admitted (fixed gangs are 1) ------------------------------------------------
     y = [
@@ -235,10 +250,14 @@ def optimize(
         model.add_hint(y[i], 1 if gangs[i].request.key in hint_admitted else 0)
     for f, v in zip(fair_vars, hint_f, strict=True):
         model.add_hint(f, v)
-    greedy_quality = sum(
-        n * ps.delta[ps.patterns.index(p)]
-        for ci, ps in enumerate(pattern_sets)
-        for p, n in hint_z[ci].items()
+    greedy_quality = (
+        sum(
+            n * ps.delta[ps.patterns.index(p)]
+            for ci, ps in enumerate(pattern_sets)
+            for p, n in hint_z[ci].items()
+        )
+        if quality
+        else 0
     )
     greedy_admit = weights.fair * sum(hint_f) + sum(
         gangs[i].work for i in free_idx if gangs[i].request.key in hint_admitted

@@ -25,7 +25,7 @@ import structlog
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.queue import QUEUE_RESOURCES, pod_queue_usage
 from scheduler.cluster.selectors import node_accepts
-from scheduler.framework.scoring import DevicePicker, NodeScorer, PodDemand
+from scheduler.framework.scoring import DevicePicker, NodeScorer, PodDemand, ScoreKey
 from scheduler.plugins.packing import PackingScorer
 from scheduler.solver.placement import PodAssignment
 from scheduler.solver.queues import QueueBook
@@ -76,15 +76,16 @@ class GangRequest:
     preemptible: bool = True
     required: tuple[Pod, ...] = ()
     extras: tuple[Pod, ...] = ()
+    #: Queue usage of the required pods (computed when not given).
+    ask: Mapping[str, int] = field(default_factory=dict, compare=False)
 
-    @property
-    def ask(self) -> dict[str, int]:
-        """Queue usage of the required pods."""
-        total = dict.fromkeys(QUEUE_RESOURCES, 0)
-        for p in self.required:
-            for r, v in pod_queue_usage(p).items():
-                total[r] += v
-        return total
+    def __post_init__(self) -> None:
+        if not self.ask:
+            total = dict.fromkeys(QUEUE_RESOURCES, 0)
+            for p in self.required:
+                for r, v in pod_queue_usage(p).items():
+                    total[r] += v
+            object.__setattr__(self, "ask", total)
 
 
 @dataclass
@@ -103,6 +104,7 @@ class GreedyResult:
 @dataclass
 class _ShapeHeap:
     pod: Pod
+    id: int
     heap: list[tuple[float, int, ClassKey]] = field(default_factory=list)
     in_heap: set[ClassKey] = field(default_factory=set)
     scores: dict[ClassKey, float | None] = field(default_factory=dict)
@@ -118,6 +120,8 @@ class ClassIndex:
         self.state = state
         self.scorer = scorer
         self.picker = scorer if isinstance(scorer, DevicePicker) else None
+        self.keyer = scorer if isinstance(scorer, ScoreKey) else None
+        self._scores: dict[object, float | None] = {}
         self.spread = spread_devices
         #: every key that became non-empty, in order (append-only; shapes keep a cursor)
         self.events: list[ClassKey] = list(state.classes)
@@ -145,7 +149,7 @@ class ClassIndex:
             return None
         return tuple((i, demand.gpu_milli) for i in devices)
 
-    def _evaluate(self, pod: Pod, key: ClassKey) -> float | None:
+    def _evaluate(self, pod: Pod, shape: int, key: ClassKey) -> float | None:
         slot = self.state.representative(key)
         if slot is None:
             return None
@@ -160,17 +164,24 @@ class ClassIndex:
         demand = self.state.demand_on(pod, slot)
         if demand is None or not slot.fits(demand):
             return None
+        skey: object = None
+        if self.keyer is not None:
+            # devices + static traits + what the scorer says it reads (see ScoreKey)
+            skey = (shape, slot.static_id, key[2], self.keyer.score_key(slot))
+            if skey in self._scores:
+                return self._scores[skey]
         grant = self.grant(pod, demand, slot.name)
-        if grant is None:
-            return None
-        return float(self.scorer.score(slot, demand, grant))
+        score = None if grant is None else float(self.scorer.score(slot, demand, grant))
+        if self.keyer is not None:
+            self._scores[skey] = score
+        return score
 
     def best(self, pod: Pod) -> str | None:
         """Name of a node in the best class for ``pod``, or None when it fits nowhere."""
         skey = shape_key(pod)
         sh = self.shapes.get(skey)
         if sh is None:
-            sh = self.shapes[skey] = _ShapeHeap(pod)
+            sh = self.shapes[skey] = _ShapeHeap(pod, len(self.shapes))
         events = self.events
         while sh.cursor < len(events):
             key = events[sh.cursor]
@@ -180,7 +191,7 @@ class ClassIndex:
             if key in sh.scores:
                 score = sh.scores[key]
             else:
-                score = sh.scores[key] = self._evaluate(sh.pod, key)
+                score = sh.scores[key] = self._evaluate(sh.pod, sh.id, key)
             if score is not None:
                 seq = self._seq.setdefault(key, len(self._seq))
                 heapq.heappush(sh.heap, (score, seq, key))
@@ -232,7 +243,8 @@ def place_gangs(
         state.split_by_name()
     index = ClassIndex(state, scorer or PackingScorer(), spread_devices=spread_devices)
     result = GreedyResult()
-    failed_shapes: set[tuple[ShapeKey, ...]] = set()
+    failed_shapes: set[tuple[int, ...]] = set()
+    interned: dict[ShapeKey, int] = {}
     try:
         for gang in gangs:
             ask = gang.ask
@@ -244,7 +256,9 @@ def place_gangs(
             pods = sorted(gang.required, key=pod_size, reverse=True)
             # Capacity only shrinks during this pass, so a set of shapes that failed once
             # fails again: skip the attempt.
-            signature = tuple(sorted((shape_key(p) for p in pods), key=repr))
+            signature = tuple(
+                sorted(interned.setdefault(shape_key(p), len(interned)) for p in pods)
+            )
             if signature in failed_shapes:
                 result.failed[gang.key] = (NO_FIT, "no room for the whole gang")
                 continue

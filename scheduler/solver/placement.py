@@ -41,6 +41,8 @@ class PlacementSettings:
     quality_when_all_admitted: bool = True
     #: Cap on node patterns enumerated per node class in the CP-SAT model.
     patterns_per_class: int = 48
+    #: Node classes in the CP-SAT model; beyond this, untouched classes are merged.
+    max_model_classes: int = 400
 
 
 class SolveStatus(StrEnum):

@@ -15,12 +15,15 @@ Optional extras (pods beyond ``min_member``) are placed after every admissible g
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
+from typing import cast
 
 import structlog
 
 from scheduler.cluster.pod import Pod
+from scheduler.cluster.resources import CPU, MEMORY
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.explain import explain_unplaced
 from scheduler.fairness import FairShareReport, compute_fair_shares
@@ -44,10 +47,10 @@ from scheduler.solver.placement import (
 )
 from scheduler.solver.problem import Problem, build_problem
 from scheduler.solver.queues import QueueBook
-from scheduler.solver.state import ClusterState
+from scheduler.solver.state import ClassKey, ClusterState
 from scheduler.solver.validate import validate
 
-__all__ = ["solve"]
+__all__ = ["solve", "solve_in_thread"]
 
 log = structlog.get_logger(__name__)
 
@@ -67,12 +70,24 @@ def solve(
     :func:`validate`; if neither engine produced a valid answer, nothing is placed.
     """
     started = time.perf_counter()
+    phases: dict[str, float] = {}
+    mark = started
+
+    def lap(name: str) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        phases[name] = round(now - mark, 4)
+        mark = now
+
     report = report if report is not None else compute_fair_shares(snapshot)
+    lap("fair_share")
     problem = build_problem(snapshot, report)
+    lap("problem")
     if not problem.pending:
         return Placement(status=SolveStatus.EMPTY, build_seconds=time.perf_counter() - started)
     state = ClusterState.from_snapshot(snapshot)
-    classes = _classes(state)
+    initial = _initial_classes(state)
+    lap("state")
     scorer = scorer or PackingScorer(settings.gpu_strategy, settings.cpu_strategy)
     spread = settings.gpu_strategy == "spread"
     greedy = place_gangs(
@@ -84,15 +99,21 @@ def solve(
         cycle=cycle,
     )
     build_seconds = time.perf_counter() - started
+    lap("greedy")
     candidates: list[tuple[SolveStatus, list[PodAssignment]]] = []
     cp: CpResult | None = None
     if not settings.greedy_only:
-        cp, cp_assignments = _cp_candidate(
-            snapshot, problem, state, classes, greedy, scorer, settings, cycle
-        )
+        try:
+            cp, cp_assignments = _cp_candidate(
+                snapshot, problem, state, initial, greedy, scorer, settings, cycle
+            )
+        except Exception:  # CP-SAT is an improvement; its failure must not cost the cycle
+            log.exception("cpsat_failed", cycle=cycle)
+            cp, cp_assignments = None, None
         if cp_assignments is not None and cp is not None:
             status = SolveStatus.OPTIMAL if cp.status == "OPTIMAL" else SolveStatus.FEASIBLE
             candidates.append((status, cp_assignments))
+    lap("cpsat")
     candidates.append((SolveStatus.GREEDY, greedy.assignments))
     assignments: list[PodAssignment] = []
     status = SolveStatus.EMPTY
@@ -104,9 +125,11 @@ def solve(
             break
         all_violations.extend(violations)
         log.error("placement_invalid", cycle=cycle, engine=engine.value, violations=violations[:20])
+    lap("validate")
     explain_started = time.perf_counter()
     outcomes = _outcomes(problem, assignments)
     explain_seconds = time.perf_counter() - explain_started
+    lap("explain")
     placement = Placement(
         assignments=tuple(assignments),
         outcomes=outcomes,
@@ -130,16 +153,57 @@ def solve(
         placed=sum(1 for o in outcomes.values() if o.placed),
         pods=len(assignments),
         seconds=round(time.perf_counter() - started, 4),
+        phases=phases,
     )
     return placement
 
 
-def _classes(state: ClusterState) -> list[ClassInfo]:
+def _initial_classes(state: ClusterState) -> list[ClassInfo]:
     """The node classes at the start of the cycle (before anything is placed)."""
     return [
         ClassInfo(key, state.nodes[next(iter(members))].node, list(members))
         for key, members in state.classes.items()
     ]
+
+
+def _model_classes(initial: list[ClassInfo], touched: set[str], limit: int) -> list[ClassInfo]:
+    """Classes for the CP-SAT model, at most about ``limit`` of them.
+
+    When running pods leave every node a slightly different CPU/memory remainder, exact
+    classes approach one per node. Classes the greedy did not touch are then merged by
+    static traits, device state and *rounded-down* free CPU/memory, and the merged class
+    offers the smallest free amount of its members - so any pattern feasible for it is
+    feasible on each member, and the greedy hint (on untouched-by-merging classes) stays
+    complete. Buckets double until the count fits.
+    """
+    if len(initial) <= limit:
+        return initial
+    keep = [c for c in initial if touched.intersection(c.members)]
+    rest = [c for c in initial if not touched.intersection(c.members)]
+    bucket = {CPU: 1000, MEMORY: 2**30}
+    while True:
+        merged: dict[tuple[object, ...], list[ClassInfo]] = {}
+        for c in rest:
+            free = dict(c.key[1])
+            coarse = tuple(
+                (k, v // bucket[k] if k in bucket else v) for k, v in sorted(free.items())
+            )
+            merged.setdefault((c.key[0], coarse, c.key[2]), []).append(c)
+        if len(keep) + len(merged) <= limit or bucket[CPU] > 2**20:
+            break
+        bucket = {k: v * 2 for k, v in bucket.items()}
+    out = list(keep)
+    for (sid, _, gpu), group in merged.items():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        floor: dict[str, int] = dict(group[0].key[1])
+        for c in group[1:]:
+            for k, v in c.key[1]:
+                floor[k] = min(floor.get(k, v), v)
+        key: ClassKey = (cast(int, sid), tuple(sorted(floor.items())), cast(tuple[int, ...], gpu))
+        out.append(ClassInfo(key, group[0].node, [m for c in group for m in c.members]))
+    return out
 
 
 def _model_gangs(problem: Problem, admitted: set[str]) -> tuple[list[ModelGang], list[GangRequest]]:
@@ -185,7 +249,9 @@ def _cp_candidate(
     model_gangs, rest = _model_gangs(problem, admitted)
     if not model_gangs:
         return None, None
-    if all(g.fixed for g in model_gangs) and not settings.quality_when_all_admitted:
+    # The model's quality term is binpack/spread; with another scorer it judges admission only.
+    quality = isinstance(scorer, PackingScorer)
+    if all(g.fixed for g in model_gangs) and not (settings.quality_when_all_admitted and quality):
         return None, None
     in_model = {g.request.key for g in model_gangs}
     hint_nodes: dict[str, list[Pod]] = {}
@@ -193,8 +259,9 @@ def _cp_candidate(
         required = len(by_key[key].required)
         for a in greedy.placed[key][:required]:
             hint_nodes.setdefault(a.node, []).append(state.pods[a.pod_uid])
+    touched = set(hint_nodes)
     cp = optimize(
-        classes=classes,
+        classes=_model_classes(classes, touched, settings.max_model_classes),
         gangs=model_gangs,
         hint_nodes=hint_nodes,
         hint_admitted=admitted & in_model,
@@ -205,6 +272,7 @@ def _cp_candidate(
         time_limit=settings.time_limit_seconds,
         workers=settings.workers,
         pattern_cap=settings.patterns_per_class,
+        quality=quality,
         cycle=cycle,
     )
     if cp is None or not cp.usable or cp.objective <= cp.greedy_objective:
@@ -263,11 +331,12 @@ def _outcomes(problem: Problem, assignments: Sequence[PodAssignment]) -> dict[st
     for a in assignments:
         by_gang.setdefault(a.gang, []).append(a)
     unplaced = [k for k in problem.pending if k not in by_gang]
-    reasons = (
-        explain_unplaced(problem.snapshot, problem.report, assignments, unplaced)
-        if unplaced
-        else {}
-    )
+    reasons: dict[str, tuple[str, str]] = {}
+    if unplaced:
+        try:
+            reasons = explain_unplaced(problem.snapshot, problem.report, assignments, unplaced)
+        except Exception:  # an explanation must never cost the cycle its placement
+            log.exception("explain_failed", gangs=len(unplaced))
     out: dict[str, GangOutcome] = {}
     for key, gang in problem.pending.items():
         pods = by_gang.get(key)
@@ -277,3 +346,18 @@ def _outcomes(problem: Problem, assignments: Sequence[PodAssignment]) -> dict[st
             code, message = reasons.get(key, ("NotPlacedThisCycle", "not placed this cycle"))
             out[key] = GangOutcome(key, gang.queue, False, (), code, message)
     return out
+
+
+async def solve_in_thread(
+    snapshot: Snapshot,
+    settings: PlacementSettings = PlacementSettings(),  # noqa: B008 - frozen, never mutated
+    report: FairShareReport | None = None,
+    *,
+    cycle: int | None = None,
+) -> Placement:
+    """:func:`solve` in a worker thread, so the event loop keeps running.
+
+    CP-SAT releases the GIL while it searches; model building does not, which is why the
+    model is aggregated (see :mod:`scheduler.solver.cpsat`).
+    """
+    return await asyncio.to_thread(solve, snapshot, settings, report, cycle=cycle)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from scheduler.cluster.node import GPU_MILLI, Node
 from scheduler.cluster.pod import Pod
@@ -52,18 +53,25 @@ def uses_node_name(pod: Pod) -> bool:
     return any(r.key == "metadata.name" for t in pod.affinity for r in t.requirements)
 
 
+@lru_cache(maxsize=4096)
+def _plus_one_pod(requests: Resources) -> Resources:
+    # Pods of one shape share equal request lists; building Resources is not cheap.
+    return requests + {PODS: 1}
+
+
 def pod_demand(pod: Pod, node: Node) -> PodDemand | None:
     """What ``pod`` takes from ``node``; None when its GPU share cannot be sized there."""
     requests = pod.requests
-    if node.allocatable[PODS] > 0:
-        requests = requests + {PODS: 1}
+    if raw(node.allocatable).get(PODS, 0) > 0:
+        requests = _plus_one_pod(requests)
     if pod.gpu is not None:
         milli = pod.gpu.milli_on(node)
         if milli is None:
             return None
         return PodDemand(requests, pod.gpu.count, min(milli, GPU_MILLI))
-    if pod.requests[GPU] > 0:
-        return PodDemand(requests, pod.requests[GPU], GPU_MILLI)
+    whole = raw(pod.requests).get(GPU, 0)
+    if whole > 0:
+        return PodDemand(requests, whole, GPU_MILLI)
     return PodDemand(requests)
 
 
@@ -140,8 +148,10 @@ class ClusterState:
         self._static_ids: dict[_Static, int] = {}
         #: pods this state knows: pending pods of the snapshot and everything applied
         self.pods: dict[str, Pod] = {}
-        #: pod uid -> where it sits (bound pods of the snapshot and applied pods)
+        #: pod uid -> where it sits, for pods applied to this state
         self.placed: dict[str, PodAssignment] = {}
+        #: pods bound in the snapshot the state was built from (releasable too)
+        self.bound: dict[str, Pod] = {}
         self._listeners: list[Callable[[ClassKey], None]] = []
         self._demands: dict[tuple[str, int], PodDemand | None] = {}
         for slot in nodes:
@@ -204,11 +214,7 @@ class ClusterState:
         state = cls(slots, by_name=by_name)
         for p in pending:
             state.pods[p.uid] = p
-        for p in bound:
-            state.pods[p.uid] = p
-            state.placed[p.uid] = PodAssignment(
-                p.uid, p.key, p.gang, p.node_name or "", p.gpu_grant
-            )
+        state.bound = {p.uid: p for p in bound}
         return state
 
     def split_by_name(self) -> None:
@@ -302,7 +308,7 @@ class ClusterState:
         slot = self.nodes.get(assignment.node)
         if slot is None:
             raise ValueError(f"pod {assignment.pod_key}: node {assignment.node} is unknown")
-        if assignment.pod_uid in self.placed:
+        if assignment.pod_uid in self.placed or assignment.pod_uid in self.bound:
             raise ValueError(f"pod {assignment.pod_key} is already placed")
         demand = self.demand_on(pod, slot)
         if demand is None or not slot.fits(demand):
@@ -324,9 +330,18 @@ class ClusterState:
         self.placed[pod.uid] = assignment
 
     def release(self, pod_uid: str) -> PodAssignment:
-        """Give back what a placed pod holds; returns its assignment. KeyError if not placed."""
-        assignment = self.placed.pop(pod_uid)
-        pod = self.pods[pod_uid]
+        """Give back what a placed pod holds; returns its assignment. KeyError if not placed.
+
+        Works for pods applied to this state and for pods bound in the snapshot.
+        """
+        if pod_uid in self.bound:
+            pod = self.bound.pop(pod_uid)
+            assignment = PodAssignment(
+                pod.uid, pod.key, pod.gang, pod.node_name or "", pod.gpu_grant
+            )
+        else:
+            assignment = self.placed.pop(pod_uid)
+            pod = self.pods[pod_uid]
         slot = self.nodes[assignment.node]
         demand = self.demand_on(pod, slot)
         requests: Mapping[str, int] = raw(demand.requests if demand else pod.requests)

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import replace
+
+import networkx as nx
 
 from scheduler.cluster.node import GPU_MILLI
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.queue import QUEUE_RESOURCES, UNLIMITED, pod_queue_usage
-from scheduler.cluster.resources import GPU, PODS, Resources
+from scheduler.cluster.resources import GPU, PODS
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.solver.placement import PodAssignment
 
@@ -54,7 +55,7 @@ def validate(snapshot: Snapshot, assignments: Sequence[PodAssignment]) -> list[s
         if p.bound and p.active:
             pod_count[p.node_name or ""] += 1
 
-    added: dict[str, Resources] = defaultdict(Resources)
+    added: dict[str, dict[str, int]] = defaultdict(dict)
     added_pods: dict[str, int] = defaultdict(int)
     device_take: dict[tuple[str, int], int] = defaultdict(int)
     per_gang: dict[str, int] = defaultdict(int)
@@ -98,7 +99,9 @@ def validate(snapshot: Snapshot, assignments: Sequence[PodAssignment]) -> list[s
                     out.append(f"pod {pod.key}: node {node.name} has no device {i}")
         for i, milli in a.gpu_grant:
             device_take[(node.name, i)] += milli
-        added[node.name] = added[node.name] + pod.requests
+        row = added[node.name]
+        for r, v in pod.requests.items():
+            row[r] = row.get(r, 0) + v
         added_pods[node.name] += 1
         per_gang[pod.gang] += 1
         placed.append((pod, a))
@@ -138,9 +141,36 @@ def _queue_of(snapshot: Snapshot, pod: Pod) -> str:
 
 def _queue_violations(snapshot: Snapshot, placed: list[tuple[Pod, PodAssignment]]) -> list[str]:
     tree = snapshot.queue_tree
+    # Only queues with a limit or quota on the way up from a queue that received pods need
+    # their current usage; only leaves below those matter.
+    new_by_leaf: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
+    new_np: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
+    out: list[str] = []
+    for pod, a in placed:
+        queue = _queue_of(snapshot, pod)
+        if queue not in tree or queue in tree.broken or not tree.is_leaf(queue):
+            out.append(f"pod {pod.key}: queue {queue!r} is missing, invalid or not a leaf")
+            continue
+        use = pod_queue_usage(pod)
+        if a.gpu_grant:  # what the pod will hold is its grant (as pod_queue_usage counts it)
+            use["gpu"] = sum(m for _, m in a.gpu_grant)
+        gang = snapshot.gang_by_key.get(pod.gang)
+        row = new_by_leaf[queue]
+        for r, v in use.items():
+            row[r] += v
+        if gang is not None and not gang.preemptible:
+            for r, v in use.items():
+                new_np[queue][r] += v
+    bounded: set[str] = set()
+    for queue in new_by_leaf:
+        for q in tree.ancestors(queue):
+            rows = tree.queues[q].resources
+            if any(s.limit != UNLIMITED or s.quota != UNLIMITED for _, s in rows):
+                bounded.add(q)
+    relevant = {leaf for q in bounded for leaf in (q, *nx.descendants(tree.graph, q))}
     by_leaf: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
     for p in snapshot.pods:
-        if p.managed and p.active and p.bound:
+        if p.bound and p.managed and p.active and _queue_of(snapshot, p) in relevant:
             row = by_leaf[_queue_of(snapshot, p)]
             for r, v in pod_queue_usage(p).items():
                 row[r] += v
@@ -150,21 +180,10 @@ def _queue_violations(snapshot: Snapshot, placed: list[tuple[Pod, PodAssignment]
             for r, v in use.items():
                 before[q][r] += v
     new: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
-    new_np: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
-    out: list[str] = []
-    for pod, a in placed:
-        queue = _queue_of(snapshot, pod)
-        if queue not in tree or queue in tree.broken or not tree.is_leaf(queue):
-            out.append(f"pod {pod.key}: queue {queue!r} is missing, invalid or not a leaf")
-            continue
-        use = pod_queue_usage(_with_grant(pod, a))
-        gang = snapshot.gang_by_key.get(pod.gang)
-        for q in tree.ancestors(queue):
+    for leaf, use in new_by_leaf.items():
+        for q in tree.ancestors(leaf):
             for r, v in use.items():
                 new[q][r] += v
-        if gang is not None and not gang.preemptible:
-            for r, v in use.items():
-                new_np[queue][r] += v
     for q, use in new.items():
         queue_obj = tree.queues[q]
         for r in QUEUE_RESOURCES:
@@ -180,7 +199,3 @@ def _queue_violations(snapshot: Snapshot, placed: list[tuple[Pod, PodAssignment]
                     f"({before[q][r] + use[r]} > {settings.quota})"
                 )
     return out
-
-
-def _with_grant(pod: Pod, a: PodAssignment) -> Pod:
-    return replace(pod, gpu_grant=a.gpu_grant) if a.gpu_grant else pod

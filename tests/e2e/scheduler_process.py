@@ -95,14 +95,17 @@ class SchedulerProcess:
     def argv(self) -> list[str]:
         """The command line."""
         return [
-            sys.executable, "-m", "scheduler", "run",
+            sys.executable,
+            "-m",
+            "scheduler",
+            "run",
             f"--kube-config={self.kubeconfig}",
             f"--config={self.config_path}",
             f"--metrics-address=127.0.0.1:{self.port}",
             "--log-format=json",
-            "--log-level=info",
+            "--log-level=debug",
             *self.extra_args,
-        ]  # fmt: skip
+        ]
 
     def start(self) -> SchedulerProcess:
         """Start the process (a restart keeps appending to the same log)."""
@@ -112,9 +115,13 @@ class SchedulerProcess:
         env.pop("KUBECONFIG", None)
         env.pop("KUBERNETES_SERVICE_HOST", None)
         self.proc = subprocess.Popen(
-            self.argv(), stdout=self._log_file, stderr=subprocess.STDOUT, cwd=REPO, env=env,
+            self.argv(),
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=env,
             start_new_session=True,
-        )  # fmt: skip
+        )
         return self
 
     def running(self) -> bool:
@@ -213,8 +220,9 @@ def wait_for(
         if time.monotonic() > deadline:
             procs = [logs] if isinstance(logs, SchedulerProcess) else list(logs or ())
             tails = "\n".join(f"--- {p.name} log ---\n{p.log_tail()}" for p in procs)
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}; "
-                                 f"last value {last!r}\n{tails}")  # fmt: skip
+            raise AssertionError(
+                f"timed out after {timeout}s waiting for {what}; last value {last!r}\n{tails}"
+            )
         time.sleep(interval)
 
 
@@ -240,16 +248,20 @@ def pod_manifest(
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "annotations": dict(annotations or {}),
-                     "labels": dict(labels or {})},
+        "metadata": {
+            "name": name,
+            "annotations": dict(annotations or {}),
+            "labels": dict(labels or {}),
+        },
         "spec": {
             "schedulerName": scheduler_name,
             "nodeSelector": dict(node_selector or {}),
             "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
-            "containers": [{"name": "main", "image": "registry.invalid/fake:1",
-                            "resources": resources}],
+            "containers": [
+                {"name": "main", "image": "registry.invalid/fake:1", "resources": resources}
+            ],
         },
-    }  # fmt: skip
+    }
 
 
 @dataclass
@@ -286,8 +298,14 @@ def kai_cluster(control_plane: ControlPlane) -> KaiCluster:
     """CRDs, namespace, ServiceAccount, RBAC and default queues; the SA's kubeconfig."""
     cp = control_plane
     cp.kubectl("apply", "-f", str(REPO / "crds"))
-    cp.kubectl("wait", "--for", "condition=Established", "--timeout=60s",
-               "crd/queues.scheduling.run.ai", "crd/podgroups.scheduling.run.ai")  # fmt: skip
+    cp.kubectl(
+        "wait",
+        "--for",
+        "condition=Established",
+        "--timeout=60s",
+        "crd/queues.scheduling.run.ai",
+        "crd/podgroups.scheduling.run.ai",
+    )
     for manifest in ("00-namespace.yaml", "10-serviceaccount.yaml", "20-rbac.yaml"):
         cp.kubectl("apply", "-f", str(REPO / "manifests" / manifest))
     cp.kubectl("apply", "-f", str(REPO / "manifests" / "defaults"))
@@ -317,9 +335,12 @@ def start_scheduler(
         merged = dict(TEST_CONFIG)
         merged.update(config or {})
         proc = SchedulerProcess(
-            kai_cluster.kubeconfig, config=merged, args=args,
-            name=name or f"kai-scheduler-{len(procs)}", workdir=tmp_path,
-        )  # fmt: skip
+            kai_cluster.kubeconfig,
+            config=merged,
+            args=args,
+            name=name or f"kai-scheduler-{len(procs)}",
+            workdir=tmp_path,
+        )
         procs.append(proc)
         proc.start()
         if wait:

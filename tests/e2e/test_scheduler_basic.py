@@ -32,8 +32,7 @@ def _tag() -> dict[str, str]:
 
 
 def _bound(pods: list[dict[str, Any]]) -> dict[str, str]:
-    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods
-            if p["spec"].get("nodeName")}  # fmt: skip
+    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")}
 
 
 def _condition(pod: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -53,9 +52,11 @@ def _unschedulable_messages(pods: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def test_deployment_of_five_gpu_pods_runs(
-    kai_cluster: KaiCluster, start_scheduler: StartScheduler, namespace: str,
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
     make_gpu_nodes: Any,
-) -> None:  # fmt: skip
+) -> None:
     tag = _tag()
     nodes = make_gpu_nodes(2, gpus=4, labels=tag)
     sched = start_scheduler()
@@ -67,10 +68,12 @@ def test_deployment_of_five_gpu_pods_runs(
         "spec": {
             "replicas": 5,
             "selector": {"matchLabels": {"app": "five"}},
-            "template": {"metadata": template["metadata"] | {"name": None},
-                         "spec": template["spec"]},
+            "template": {
+                "metadata": template["metadata"] | {"name": None},
+                "spec": template["spec"],
+            },
         },
-    }  # fmt: skip
+    }
     del deployment["spec"]["template"]["metadata"]["name"]
     kai_cluster.create(deployment, namespace=namespace)
 
@@ -95,9 +98,11 @@ def test_deployment_of_five_gpu_pods_runs(
 
 
 def test_gang_waits_for_room_then_binds_whole(
-    kai_cluster: KaiCluster, start_scheduler: StartScheduler, namespace: str,
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
     make_gpu_nodes: Any,
-) -> None:  # fmt: skip
+) -> None:
     tag = _tag()
     make_gpu_nodes(2, gpus=4, labels=tag)
     sched = start_scheduler()
@@ -111,10 +116,11 @@ def test_gang_waits_for_room_then_binds_whole(
         "spec": {"minMember": 4, "queue": "default-queue"},
     }
     members = [
-        pod_manifest(f"train-{i}", gpus=2, node_selector=tag,
-                     annotations={"pod-group-name": "train"})
+        pod_manifest(
+            f"train-{i}", gpus=2, node_selector=tag, annotations={"pod-group-name": "train"}
+        )
         for i in range(4)
-    ]  # fmt: skip
+    ]
     kai_cluster.create(podgroup, *members, namespace=namespace)
 
     def all_waiting() -> dict[str, str] | None:
@@ -131,12 +137,14 @@ def test_gang_waits_for_room_then_binds_whole(
     time.sleep(1.5)
     gang_pods = [p for p in kai_cluster.pods(namespace) if p["metadata"]["name"] != "blocker"]
     assert not _bound(gang_pods)
-    pg = kai_cluster.cp.kubectl("get", "podgroup", "train", "-n", namespace,
-                                "-o", "jsonpath={.status.phase}").stdout  # fmt: skip
+    pg = kai_cluster.cp.kubectl(
+        "get", "podgroup", "train", "-n", namespace, "-o", "jsonpath={.status.phase}"
+    ).stdout
     assert pg == "Unschedulable"
 
-    kai_cluster.cp.kubectl("delete", "pod", "blocker", "-n", namespace, "--grace-period=0",
-                           "--force")  # fmt: skip
+    kai_cluster.cp.kubectl(
+        "delete", "pod", "blocker", "-n", namespace, "--grace-period=0", "--force"
+    )
 
     def all_bound() -> dict[str, str] | None:
         b = _bound(kai_cluster.pods(namespace))
@@ -146,29 +154,39 @@ def test_gang_waits_for_room_then_binds_whole(
     assert set(bound) == {f"train-{i}" for i in range(4)}
     wait_for(
         "PodGroup Running",
-        lambda: kai_cluster.cp.kubectl("get", "podgroup", "train", "-n", namespace, "-o",
-                                       "jsonpath={.status.phase}").stdout == "Running",
+        lambda: (
+            kai_cluster.cp.kubectl(
+                "get", "podgroup", "train", "-n", namespace, "-o", "jsonpath={.status.phase}"
+            ).stdout
+            == "Running"
+        ),
         logs=sched,
-    )  # fmt: skip
+    )
 
 
 def test_queue_gpu_limit_caps_binds(
-    kai_cluster: KaiCluster, start_scheduler: StartScheduler, namespace: str,
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
     make_gpu_nodes: Any,
-) -> None:  # fmt: skip
+) -> None:
     tag = _tag()
     make_gpu_nodes(1, gpus=8, labels=tag)
     queue = f"team-{uuid.uuid4().hex[:6]}"
-    kai_cluster.apply({
-        "apiVersion": "scheduling.run.ai/v2",
-        "kind": "Queue",
-        "metadata": {"name": queue},
-        "spec": {"resources": {"gpu": {"quota": 2, "limit": 4}}},
-    })  # fmt: skip
+    kai_cluster.apply(
+        {
+            "apiVersion": "scheduling.run.ai/v2",
+            "kind": "Queue",
+            "metadata": {"name": queue},
+            "spec": {"resources": {"gpu": {"quota": 2, "limit": 4}}},
+        }
+    )
     try:
         sched = start_scheduler()
-        pods = [pod_manifest(f"p-{i}", gpus=1, node_selector=tag,
-                             labels={"kai.scheduler/queue": queue}) for i in range(6)]  # fmt: skip
+        pods = [
+            pod_manifest(f"p-{i}", gpus=1, node_selector=tag, labels={"kai.scheduler/queue": queue})
+            for i in range(6)
+        ]
         kai_cluster.create(*pods, namespace=namespace)
 
         def settled() -> tuple[dict[str, str], dict[str, str]] | None:
@@ -181,8 +199,9 @@ def test_queue_gpu_limit_caps_binds(
 
         time.sleep(1.5)  # more cycles never bind past the limit
         assert len(_bound(kai_cluster.pods(namespace))) == 4
-        status = kai_cluster.cp.kubectl("get", "queue", queue, "-o",
-                                        "jsonpath={.status.allocated.gpu}").stdout  # fmt: skip
+        status = kai_cluster.cp.kubectl(
+            "get", "queue", queue, "-o", "jsonpath={.status.allocated.gpu}"
+        ).stdout
         assert status == "4"
     finally:
         kai_cluster.cp.kubectl("delete", "queue", queue, "--ignore-not-found")

@@ -29,48 +29,53 @@ def _tag() -> dict[str, str]:
 
 
 def _bound(pods: list[dict[str, Any]]) -> dict[str, str]:
-    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods
-            if p["spec"].get("nodeName")}  # fmt: skip
+    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")}
 
 
 def _events_for(cluster: KaiCluster, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
     return [
-        e for e in cluster.events(namespace)
+        e
+        for e in cluster.events(namespace)
         if e["involvedObject"].get("kind") == kind and e["involvedObject"].get("name") == name
-    ]  # fmt: skip
+    ]
 
 
 def test_malformed_input_becomes_events_and_others_still_run(
-    kai_cluster: KaiCluster, start_scheduler: StartScheduler, namespace: str,
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
     make_gpu_nodes: Any,
-) -> None:  # fmt: skip
+) -> None:
     tag = _tag()
     nodes = make_gpu_nodes(1, gpus=4, labels={**tag, "nvidia.com/gpu.memory": "lots"})
     sched = start_scheduler()
     missing_queue = f"no-such-queue-{uuid.uuid4().hex[:6]}"
     kai_cluster.create(
         pod_manifest("bad-fraction", node_selector=tag, annotations={"gpu-fraction": "half"}),
-        {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
-         "metadata": {"name": "lost"}, "spec": {"minMember": 1, "queue": missing_queue}},
-        pod_manifest("lost-0", gpus=1, node_selector=tag,
-                     annotations={"pod-group-name": "lost"}),
+        {
+            "apiVersion": "scheduling.run.ai/v2alpha2",
+            "kind": "PodGroup",
+            "metadata": {"name": "lost"},
+            "spec": {"minMember": 1, "queue": missing_queue},
+        },
+        pod_manifest("lost-0", gpus=1, node_selector=tag, annotations={"pod-group-name": "lost"}),
         pod_manifest("good", gpus=1, node_selector=tag),
         namespace=namespace,
-    )  # fmt: skip
+    )
 
     bound = wait_for("good pod bound", lambda: _bound(kai_cluster.pods(namespace)), logs=sched)
     assert bound == {"good": nodes[0]}
 
     def event(kind: str, name: str, ns: str = namespace) -> list[dict[str, Any]]:
-        return [e for e in _events_for(kai_cluster, ns, kind, name)
-                if e["type"] == "Warning"]  # fmt: skip
+        return [e for e in _events_for(kai_cluster, ns, kind, name) if e["type"] == "Warning"]
 
     bad = wait_for("Event on the bad pod", lambda: event("Pod", "bad-fraction"), logs=sched)
     assert any("gpu-fraction" in e["message"] and "'half'" in e["message"] for e in bad), bad
     lost = wait_for("Event on the PodGroup", lambda: event("PodGroup", "lost"), logs=sched)
     assert any(missing_queue in e["message"] for e in lost), lost
-    node_events = wait_for("Event on the node", lambda: event("Node", nodes[0], "default"),
-                           logs=sched)  # fmt: skip
+    node_events = wait_for(
+        "Event on the node", lambda: event("Node", nodes[0], "default"), logs=sched
+    )
     assert any("nvidia.com/gpu.memory" in e["message"] for e in node_events), node_events
     pods = {p["metadata"]["name"]: p for p in kai_cluster.pods(namespace)}
     assert not pods["bad-fraction"]["spec"].get("nodeName")
@@ -80,8 +85,7 @@ def test_malformed_input_becomes_events_and_others_still_run(
     assert waiting and missing_queue in waiting[0].get("message", ""), conditions
     # The process survived all of it and keeps scheduling.
     kai_cluster.create(pod_manifest("later", gpus=1, node_selector=tag), namespace=namespace)
-    wait_for("later pod bound", lambda: "later" in _bound(kai_cluster.pods(namespace)),
-             logs=sched)  # fmt: skip
+    wait_for("later pod bound", lambda: "later" in _bound(kai_cluster.pods(namespace)), logs=sched)
     assert sched.running()
 
 
@@ -99,9 +103,11 @@ def _sample(metrics: str, name: str, **labels: str) -> float | None:
 
 
 def test_metrics_probes_and_json_logs(
-    kai_cluster: KaiCluster, start_scheduler: StartScheduler, namespace: str,
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
     make_gpu_nodes: Any,
-) -> None:  # fmt: skip
+) -> None:
     tag = _tag()
     make_gpu_nodes(1, gpus=2, labels=tag)
     sched = start_scheduler()
@@ -139,17 +145,20 @@ def test_metrics_probes_and_json_logs(
 
 @pytest.mark.parametrize("strategy", ["binpack", "spread"])
 def test_binpack_fills_a_node_spread_spreads(
-    kai_cluster: KaiCluster, start_scheduler: StartScheduler, namespace: str,
-    make_gpu_nodes: Any, strategy: str,
-) -> None:  # fmt: skip
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
+    make_gpu_nodes: Any,
+    strategy: str,
+) -> None:
     tag = _tag()
     nodes = make_gpu_nodes(3, gpus=4, labels=tag)
     sched = start_scheduler(config={"placement": {"gpu": strategy, "cpu": strategy}})
     for i in range(3):  # one at a time, so each decision sees the previous ones
-        kai_cluster.create(pod_manifest(f"s-{i}", gpus=1, node_selector=tag),
-                           namespace=namespace)  # fmt: skip
-        wait_for(f"s-{i} bound", lambda i=i: f"s-{i}" in _bound(kai_cluster.pods(namespace)),
-                 logs=sched)  # fmt: skip
+        kai_cluster.create(pod_manifest(f"s-{i}", gpus=1, node_selector=tag), namespace=namespace)
+        wait_for(
+            f"s-{i} bound", lambda i=i: f"s-{i}" in _bound(kai_cluster.pods(namespace)), logs=sched
+        )
     per_node = Counter(_bound(kai_cluster.pods(namespace)).values())
     assert set(per_node) <= set(nodes)
     if strategy == "binpack":

@@ -37,15 +37,16 @@ def _tag() -> dict[str, str]:
 
 
 def _bound(pods: list[dict[str, Any]]) -> dict[str, str]:
-    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods
-            if p["spec"].get("nodeName")}  # fmt: skip
+    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")}
 
 
 def _bind_logs(*procs: SchedulerProcess) -> Counter[str]:
     return Counter(
-        r["pod"].split("/", 1)[1] for p in procs for r in p.log_records()
+        r["pod"].split("/", 1)[1]
+        for p in procs
+        for r in p.log_records()
         if r.get("event") == "bound"
-    )  # fmt: skip
+    )
 
 
 def _assert_devices_not_shared(pods: list[dict[str, Any]]) -> None:
@@ -63,28 +64,37 @@ def _assert_devices_not_shared(pods: list[dict[str, Any]]) -> None:
 def _workload(tag: dict[str, str], gangs: int, members: int, singles: int) -> list[dict[str, Any]]:
     objs: list[dict[str, Any]] = []
     for g in range(gangs):
-        objs.append({"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
-                     "metadata": {"name": f"g{g}"},
-                     "spec": {"minMember": members, "queue": "default-queue"}})  # fmt: skip
-        objs += [pod_manifest(f"g{g}-{i}", gpus=1, node_selector=tag,
-                              annotations={"pod-group-name": f"g{g}"})
-                 for i in range(members)]  # fmt: skip
+        objs.append(
+            {
+                "apiVersion": "scheduling.run.ai/v2alpha2",
+                "kind": "PodGroup",
+                "metadata": {"name": f"g{g}"},
+                "spec": {"minMember": members, "queue": "default-queue"},
+            }
+        )
+        objs += [
+            pod_manifest(
+                f"g{g}-{i}", gpus=1, node_selector=tag, annotations={"pod-group-name": f"g{g}"}
+            )
+            for i in range(members)
+        ]
     objs += [pod_manifest(f"s-{i}", gpus=1, node_selector=tag) for i in range(singles)]
     return objs
 
 
 def test_kill_9_mid_run_then_restart_binds_each_pod_once(
-    kai_cluster: KaiCluster, start_scheduler: StartScheduler, namespace: str,
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
     make_gpu_nodes: Any,
-) -> None:  # fmt: skip
+) -> None:
     tag = _tag()
     make_gpu_nodes(6, gpus=8, labels=tag)
     first = start_scheduler(name="first")
     objs = _workload(tag, gangs=4, members=4, singles=24)
     total = sum(1 for o in objs if o["kind"] == "Pod")
     kai_cluster.create(*objs, namespace=namespace)
-    wait_for("some binds", lambda: _bound(kai_cluster.pods(namespace)), interval=0.05,
-             logs=first)  # fmt: skip
+    wait_for("some binds", lambda: _bound(kai_cluster.pods(namespace)), interval=0.05, logs=first)
     first.kill()
     after_kill = len(_bound(kai_cluster.pods(namespace)))
     second = start_scheduler(name="second")
@@ -111,9 +121,11 @@ def _leader(proc: SchedulerProcess) -> bool:
 
 
 def test_two_replicas_only_leader_binds_and_standby_takes_over(
-    kai_cluster: KaiCluster, start_scheduler: StartScheduler, namespace: str,
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
     make_gpu_nodes: Any,
-) -> None:  # fmt: skip
+) -> None:
     tag = _tag()
     make_gpu_nodes(2, gpus=8, labels=tag)
     lease = {"leaseName": f"kai-e2e-{uuid.uuid4().hex[:6]}", **FAST_LEASE}
@@ -122,20 +134,27 @@ def test_two_replicas_only_leader_binds_and_standby_takes_over(
     wait_for("replica-a leads", lambda: _leader(a), logs=a)
     b = start_scheduler(config=config, args=["--leader-elect=true"], name="replica-b")
     assert b.get("/readyz")[0] == 200  # a standby is ready, just not leading
-    kai_cluster.create(*(pod_manifest(f"one-{i}", gpus=1, node_selector=tag) for i in range(4)),
-                       namespace=namespace)  # fmt: skip
-    wait_for("first 4 bound", lambda: len(_bound(kai_cluster.pods(namespace))) == 4,
-             logs=[a, b])  # fmt: skip
+    kai_cluster.create(
+        *(pod_manifest(f"one-{i}", gpus=1, node_selector=tag) for i in range(4)),
+        namespace=namespace,
+    )
+    wait_for("first 4 bound", lambda: len(_bound(kai_cluster.pods(namespace))) == 4, logs=[a, b])
     assert not _leader(b)
     assert sum(_bind_logs(a).values()) == 4
     assert sum(_bind_logs(b).values()) == 0
 
     a.kill()
-    kai_cluster.create(*(pod_manifest(f"two-{i}", gpus=1, node_selector=tag) for i in range(4)),
-                       namespace=namespace)  # fmt: skip
+    kai_cluster.create(
+        *(pod_manifest(f"two-{i}", gpus=1, node_selector=tag) for i in range(4)),
+        namespace=namespace,
+    )
     wait_for("replica-b takes over", lambda: _leader(b), timeout=20, logs=[a, b])
-    wait_for("all 8 bound", lambda: len(_bound(kai_cluster.pods(namespace))) == 8,
-             timeout=30, logs=[a, b])  # fmt: skip
+    wait_for(
+        "all 8 bound",
+        lambda: len(_bound(kai_cluster.pods(namespace))) == 8,
+        timeout=30,
+        logs=[a, b],
+    )
     counts = _bind_logs(a, b)
     assert max(counts.values()) == 1
     assert {n for n in _bind_logs(b)} == {f"two-{i}" for i in range(4)}
@@ -143,14 +162,20 @@ def test_two_replicas_only_leader_binds_and_standby_takes_over(
 
 
 def test_sigterm_releases_the_lease_for_a_fast_handover(
-    kai_cluster: KaiCluster, start_scheduler: StartScheduler, namespace: str,
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
     make_gpu_nodes: Any,
-) -> None:  # fmt: skip
+) -> None:
     tag = _tag()
     make_gpu_nodes(1, gpus=4, labels=tag)
     # A long lease: only an explicit release lets the standby lead within the wait below.
-    lease = {"leaseName": f"kai-e2e-{uuid.uuid4().hex[:6]}", "leaseDuration": "30s",
-             "renewDeadline": "20s", "retryPeriod": "500ms"}  # fmt: skip
+    lease = {
+        "leaseName": f"kai-e2e-{uuid.uuid4().hex[:6]}",
+        "leaseDuration": "30s",
+        "renewDeadline": "20s",
+        "retryPeriod": "500ms",
+    }
     a = start_scheduler(config={"leaderElection": lease}, args=["--leader-elect"], name="a")
     wait_for("a leads", lambda: _leader(a), logs=a)
     b = start_scheduler(config={"leaderElection": lease}, args=["--leader-elect"], name="b")
@@ -161,24 +186,34 @@ def test_sigterm_releases_the_lease_for_a_fast_handover(
 
 
 def test_gang_left_partial_is_evicted_after_its_grace_period(
-    kai_cluster: KaiCluster, start_scheduler: StartScheduler, namespace: str,
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
     make_gpu_nodes: Any,
-) -> None:  # fmt: skip
+) -> None:
     tag = _tag()
     make_gpu_nodes(1, gpus=4, labels=tag)
     sched = start_scheduler()
     kai_cluster.create(
-        {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
-         "metadata": {"name": "pair"},
-         "spec": {"minMember": 2, "queue": "default-queue", "stalenessGracePeriod": "2s"}},
-        *(pod_manifest(f"pair-{i}", gpus=1, node_selector=tag,
-                       annotations={"pod-group-name": "pair"}) for i in range(2)),
+        {
+            "apiVersion": "scheduling.run.ai/v2alpha2",
+            "kind": "PodGroup",
+            "metadata": {"name": "pair"},
+            "spec": {"minMember": 2, "queue": "default-queue", "stalenessGracePeriod": "2s"},
+        },
+        *(
+            pod_manifest(
+                f"pair-{i}", gpus=1, node_selector=tag, annotations={"pod-group-name": "pair"}
+            )
+            for i in range(2)
+        ),
         namespace=namespace,
-    )  # fmt: skip
+    )
     wait_for("pair bound", lambda: len(_bound(kai_cluster.pods(namespace))) == 2, logs=sched)
     # A member disappears: the gang is partial and holds a GPU it cannot use.
-    kai_cluster.cp.kubectl("delete", "pod", "pair-0", "-n", namespace, "--grace-period=0",
-                           "--force")  # fmt: skip
+    kai_cluster.cp.kubectl(
+        "delete", "pod", "pair-0", "-n", namespace, "--grace-period=0", "--force"
+    )
 
     def survivor_evicted() -> bool:
         pods = {p["metadata"]["name"]: p for p in kai_cluster.pods(namespace)}
@@ -186,28 +221,37 @@ def test_gang_left_partial_is_evicted_after_its_grace_period(
         return left is None or bool(left["metadata"].get("deletionTimestamp"))
 
     wait_for("the partial gang's member evicted", survivor_evicted, timeout=20, logs=sched)
-    evicted = [e for e in kai_cluster.events(namespace)
-               if e["reason"] == "Evicted" and e["involvedObject"]["name"] == "pair-1"]  # fmt: skip
+    evicted = [
+        e
+        for e in kai_cluster.events(namespace)
+        if e["reason"] == "Evicted" and e["involvedObject"]["name"] == "pair-1"
+    ]
     assert evicted and "pair" in evicted[0]["message"], evicted
     assert 'kai_evictions_total{reason="stale_gang"} 1.0' in sched.metrics()
 
 
 def test_api_server_restart_while_pods_pend(
-    kai_cluster: KaiCluster, start_scheduler: StartScheduler, namespace: str,
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
     make_gpu_nodes: Any,
-) -> None:  # fmt: skip
+) -> None:
     tag = _tag()
     sched = start_scheduler()
     # No node matches yet: the pods pend, and the scheduler says so.
-    kai_cluster.create(*(pod_manifest(f"w-{i}", gpus=1, node_selector=tag) for i in range(3)),
-                       namespace=namespace)  # fmt: skip
+    kai_cluster.create(
+        *(pod_manifest(f"w-{i}", gpus=1, node_selector=tag) for i in range(3)), namespace=namespace
+    )
 
     def waiting() -> bool:
         pods = kai_cluster.pods(namespace)
         return len(pods) == 3 and all(
-            any(c["type"] == "PodScheduled" and c["status"] == "False"
-                for c in p["status"].get("conditions") or []) for p in pods
-        )  # fmt: skip
+            any(
+                c["type"] == "PodScheduled" and c["status"] == "False"
+                for c in p["status"].get("conditions") or []
+            )
+            for p in pods
+        )
 
     wait_for("3 pods reported unschedulable", waiting, logs=sched)
     kai_cluster.cp.restart_apiserver(down_seconds=3)

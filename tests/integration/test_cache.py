@@ -69,7 +69,8 @@ def pod_manifest(name: str, annotations: dict[str, str] | None = None, gpus: int
                     {
                         "name": "main",
                         "image": "registry.invalid/fake:1",
-                        "resources": {"requests": requests, "limits": {}},
+                        # Extended resources need limit == request.
+                        "resources": {"requests": requests, "limits": dict(requests)},
                     }
                 ],
             },

@@ -8,21 +8,30 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
+from kubernetes_asyncio.client.exceptions import ApiException
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from scheduler.cache import Cache
 from scheduler.k8s.client import ClientSettings, make_api_client, open_stream, request_json
 from scheduler.k8s.errors import (
     ClientConfigError,
+    Conflict,
     Forbidden,
+    Invalid,
+    KubeError,
     NotFound,
+    PermanentError,
     TemporaryError,
+    translate,
 )
 from scheduler.k8s.resources import LEASE, NODE, POD, ResourceKind
 from scheduler.k8s.watch import Watcher, WatchSettings
@@ -178,6 +187,14 @@ async def test_watch_sees_every_kind_created_updated_deleted(
             )
 
         await eventually("deletions", gone)
+        # A finished pod holds nothing: the server-side filter turns it into a deletion.
+        await kubectl(
+            cp, "patch", "pod", "w1", "-n", namespace, "--subresource=status",
+            "--type=merge", "-p", '{"status": {"phase": "Succeeded"}}',
+        )  # fmt: skip
+        await eventually(
+            "the finished pod leaving the cache", lambda: cache.raw("Pod", namespace, "w1") is None
+        )
         # The members now name a missing PodGroup: not scheduled, and a problem says why.
         problems = {(p.kind, p.name): p for p in cache.problems() if p.namespace == namespace}
         assert problems[("Pod", "w0")].reason == "PodGroupNotFound"
@@ -405,7 +422,7 @@ async def test_api_secure_false_skips_tls_verification(
             await api.close()
 
     assert (await list_nodes(False))["kind"] == "NodeList"
-    with pytest.raises(TemporaryError, match="(?i)certificate"):
+    with pytest.raises(TemporaryError, match=r"(?i)certificate"):
         await list_nodes(True)
 
 
@@ -413,7 +430,7 @@ async def test_missing_kubeconfig_outside_a_cluster_names_the_flag(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with pytest.raises(ClientConfigError, match="--kube-config=/nonexistent/admin.conf"):
+    with pytest.raises(ClientConfigError, match=re.escape("--kube-config=/nonexistent/admin.conf")):
         await make_api_client(ClientSettings(kube_config="/nonexistent/admin.conf"))
     monkeypatch.delenv("KUBECONFIG", raising=False)
     with pytest.raises(ClientConfigError, match="--kube-config"):
@@ -422,3 +439,45 @@ async def test_missing_kubeconfig_outside_a_cluster_names_the_flag(
     monkeypatch.setenv("KUBECONFIG", "/nonexistent/config")
     with pytest.raises(ClientConfigError):
         await make_api_client(bad)
+
+
+def test_translate_maps_statuses_and_chains_the_cause() -> None:
+    conflict = ApiException(status=409, reason="Conflict")
+    status = {"kind": "Status", "reason": "AlreadyExists", "message": "taken"}
+    conflict.body = json.dumps(status).encode()
+    err = translate(conflict, "POST binding")
+    assert isinstance(err, Conflict) and err.__cause__ is conflict
+    assert err.reason == "AlreadyExists" and "POST binding" in str(err) and "taken" in str(err)
+    busy = ApiException(status=429, reason="TooManyRequests")
+    busy.headers = CIMultiDictProxy(CIMultiDict({"Retry-After": "7"}))
+    throttled = translate(busy)
+    assert isinstance(throttled, TemporaryError) and throttled.retry_after == 7.0
+    assert isinstance(translate(ApiException(status=503)), TemporaryError)
+    assert isinstance(translate(ApiException(status=422)), Invalid)
+    assert isinstance(translate(ApiException(status=418)), PermanentError)
+    refused = aiohttp.ClientConnectionError("refused")
+    assert isinstance(translate(refused), TemporaryError)
+    assert isinstance(translate(TimeoutError()), TemporaryError)
+    already = NotFound("x", status=404)
+    assert translate(already) is already
+    assert type(translate(RuntimeError("bug"))) is KubeError
+
+
+@pytest.mark.e2e
+async def test_a_crashing_kind_task_stops_the_watcher(control_plane: ControlPlane) -> None:
+    class Broken(Recorder):
+        def relisted(self, kind: str, objs: Any) -> None:
+            if kind == "Node":
+                raise RuntimeError("bug in the sink")
+            super().relisted(kind, objs)
+
+    api = await make_api_client(admin(control_plane))
+    try:
+        watcher = Watcher(api, Broken(), ["Pod", "Node"], settings=FAST)
+        with pytest.raises(RuntimeError, match="bug in the sink"):
+            await asyncio.wait_for(watcher.run(), 30)  # would run forever if not stopped
+        assert not watcher.synced.is_set()
+        leftovers = [t for t in asyncio.all_tasks() if t.get_name().startswith("watch-")]
+        assert leftovers == []
+    finally:
+        await api.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from typing import Any
@@ -33,10 +34,14 @@ class Clock:
 
 
 def node(
-    name: str, gpus: int = 8, cpu: str = "64", ready: bool = True, **labels: str
+    name: str,
+    gpus: int = 8,
+    cpu: str = "64",
+    ready: bool = True,
+    labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     return {
-        "metadata": {"name": name, "uid": f"uid-{name}", "labels": labels},
+        "metadata": {"name": name, "uid": f"uid-{name}", "labels": labels or {}},
         "spec": {},
         "status": {
             "allocatable": {"cpu": cpu, "memory": "512Gi", "pods": "110", GPU: str(gpus)},
@@ -281,7 +286,7 @@ def test_pods_of_other_schedulers_only_use_capacity(cache: Cache) -> None:
     snap = cache.snapshot()
     pods = by_name(snap)
     assert not pods["theirs"].managed and pods["theirs"].gang == ""
-    assert not pods["waiting"].pending
+    assert "waiting" not in pods  # not ours to place, and it holds nothing
     assert snap.gangs == ()
     assert snap.node_states()["n1"].whole_free_gpus == 5
     assert cache.problems() == []  # not ours to complain about
@@ -442,7 +447,7 @@ def test_garbage_events_never_raise(cache: Cache) -> None:
 
 
 def test_node_from_k8s_reads_taints_and_gpu_memory() -> None:
-    raw = node("n", gpus=4, **{"nvidia.com/gpu.memory": "81920"})
+    raw = node("n", gpus=4, labels={"nvidia.com/gpu.memory": "81920"})
     raw["spec"] = {
         "unschedulable": True,
         "taints": [{"key": "gpu", "value": "a100", "effect": "NoSchedule"}],
@@ -451,3 +456,12 @@ def test_node_from_k8s_reads_taints_and_gpu_memory() -> None:
     assert n.unschedulable and not n.schedulable
     assert n.gpu_memory_mib == 81920 and n.gpu_count == 4
     assert n.taints[0].key == "gpu" and n.taints[0].effect == "NoSchedule"
+
+
+async def test_expiry_wakes_the_cycle_without_other_events() -> None:
+    cache = Cache(SCHED, "default-queue", assume_ttl=0.05)
+    cache.apply("Pod", "ADDED", pod("p"))
+    cache.assume("uid-ns-p", "n1")
+    cache.pending_changed.clear()
+    await asyncio.wait_for(cache.pending_changed.wait(), 2)
+    assert cache.assumed() == {}

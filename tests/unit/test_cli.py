@@ -43,9 +43,15 @@ def test_deployment_snippet_parses_as_is() -> None:
 
 def test_shipped_deployment_args_parse() -> None:
     args = _parse(
-        ["run", "--scheduler-name=kai-scheduler", "--metrics-address=:8080",
-         "--leader-elect=false", "--log-format=json", "--log-level=info"]
-    )  # fmt: skip
+        [
+            "run",
+            "--scheduler-name=kai-scheduler",
+            "--metrics-address=:8080",
+            "--leader-elect=false",
+            "--log-format=json",
+            "--log-level=info",
+        ]
+    )
     _, _, service = settings_from_args(args)
     assert service.leader_elect is False
 
@@ -56,9 +62,16 @@ def test_flags_are_applied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text("placement: {gpu: spread}\ncyclePeriod: 300ms\n")
     args = _parse(
-        ["--leader-elect", "--kube-api-secure=false", "--scheduler-name", "mine",
-         f"--config={cfg_file}", "--metrics-address=127.0.0.1:0", "--log-format=console"]
-    )  # fmt: skip
+        [
+            "--leader-elect",
+            "--kube-api-secure=false",
+            "--scheduler-name",
+            "mine",
+            f"--config={cfg_file}",
+            "--metrics-address=127.0.0.1:0",
+            "--log-format=console",
+        ]
+    )
     config, client, service = settings_from_args(args)
     assert service.leader_elect is True
     assert service.identity.startswith("sched-0_")

@@ -78,11 +78,14 @@ def test_empty_file_is_defaults(tmp_path: Path) -> None:
         ({"solverTimeLimit": -1}, "solverTimeLimit", "positive"),
         ({"defaultQueue": ""}, "defaultQueue", "non-empty"),
         ({"bindAttempts": 0}, "bindAttempts", ">= 1"),
-        ({"leaderElection": {"leaseDuration": "2s", "renewDeadline": "3s"}},
-         "leaderElection.renewDeadline", "below leaseDuration"),
+        (
+            {"leaderElection": {"leaseDuration": "2s", "renewDeadline": "3s"}},
+            "leaderElection.renewDeadline",
+            "below leaseDuration",
+        ),
         ({"leaderElection": {"leaseNamee": "x"}}, "leaderElection.leaseNamee", "unknown key"),
     ],
-)  # fmt: skip
+)
 def test_bad_values_name_the_key(data: dict[str, object], key: str, words: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_config(data)

@@ -282,3 +282,33 @@ def test_missing_queue_is_reported_not_scheduled() -> None:
     result = run(snapshot(nodes, QUEUES, gangs), CPSAT)
     assert result.assignments == ()
     assert result.outcomes["default/lost"].reason_code
+
+
+def test_cpsat_improves_packing_quality_over_greedy_order() -> None:
+    nodes = [make_node("n0", gpus=4), make_node("n1", gpus=4)]
+    running = [make_pod("r", queue="a", gpus=2, node="n1", grant=((0, 1000), (1, 1000)))]
+    gangs = [
+        make_gang("one", 1, queue="a", gpus=1, created=0),
+        make_gang("two", 1, queue="a", gpus=2, created=1),
+    ]
+    snap = snapshot(nodes, QUEUES, gangs, running)
+    greedy = run(snap, GREEDY)
+    assert {a.pod_key: a.node for a in greedy.assignments}["default/one-0"] == "n1"
+    best = run(snap, CPSAT)
+    assert best.status is SolveStatus.OPTIMAL
+    assert {a.pod_key: a.node for a in best.assignments} == {
+        "default/two-0": "n1",
+        "default/one-0": "n0",
+    }
+    assert best.objective > best.greedy_objective
+
+
+@BOTH
+def test_gpu_memory_request_is_sized_per_node(settings: PlacementSettings) -> None:
+    nodes = [
+        make_node("small", gpus=1, gpu_memory_mib=20000),
+        make_node("large", gpus=1, gpu_memory_mib=80000),
+    ]
+    gangs = [make_gang("m", 1, queue="a", gpu_memory_mib=40000)]
+    result = run(snapshot(nodes, QUEUES, gangs), settings)
+    assert [(a.node, a.gpu_grant) for a in result.assignments] == [("large", ((0, 500),))]
