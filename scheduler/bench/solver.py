@@ -40,6 +40,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--time-limit", type=float, default=0.5, help="CP-SAT seconds per cycle")
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument(
+        "--priorities",
+        default="50,50,50,100",
+        help="comma-separated priorities drawn for pending gangs (>= 100: non-preemptible)",
+    )
     p.add_argument("--greedy-only", action="store_true")
     p.add_argument("--gpu-strategy", choices=["binpack", "spread"], default="binpack")
     return p
@@ -54,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmark; print one JSON line; 0 when every placement was valid."""
     if args.nodes < 1 or args.gangs < 0 or not 0 <= args.fill <= 1 or args.cycles < 1:
         raise SystemExit("--nodes >= 1, --gangs >= 0, --cycles >= 1 and 0 <= --fill <= 1")
+    try:
+        priorities = tuple(int(p) for p in args.priorities.split(","))
+    except ValueError:
+        raise SystemExit(f"--priorities {args.priorities!r}: use integers like 50,100") from None
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     settings = PlacementSettings(
         gpu_strategy=args.gpu_strategy,
@@ -66,7 +75,13 @@ def run(args: argparse.Namespace) -> int:
     invalid = 0
     for k in range(args.cycles):
         spec = ClusterSpec(
-            args.nodes, args.gpus_per_node, args.gangs, args.fill, args.seed + k, args.jitter
+            args.nodes,
+            args.gpus_per_node,
+            args.gangs,
+            args.fill,
+            args.seed + k,
+            args.jitter,
+            priorities,
         )
         snap = synthetic_snapshot(spec)
         started = time.perf_counter()
@@ -100,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         "cycles": args.cycles,
         "time_limit": args.time_limit,
         "jitter": args.jitter,
+        "priorities": args.priorities,
         "greedy_only": args.greedy_only,
         "cycle_seconds_p50": round(statistics.median(seconds), 4),
         "cycle_seconds_p95": round(_pct(seconds, 0.95), 4),

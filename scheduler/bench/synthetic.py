@@ -187,6 +187,8 @@ class ClusterSpec:
     #: Random extra CPU (cores) and memory (GiB) on running pods, up to this many: makes
     #: every node's remainder different (many node classes), as in real clusters.
     jitter: int = 0
+    #: Priorities drawn (uniformly) for pending gangs; >= 100 means non-preemptible.
+    priorities: tuple[int, ...] = (50, 50, 50, 100)
 
 
 # (share of nodes, gpus scale, cpu cores, memory GiB, labels, taints)
@@ -309,7 +311,7 @@ def synthetic_snapshot(spec: ClusterSpec) -> Snapshot:
         gpus, (lo, hi), _ = rng.choices(_GANG_SHAPES, weights)[0]
         size = rng.randint(lo, hi)
         leaf = rng.choice(_LEAVES)
-        priority = rng.choice([50, 50, 50, 100])
+        priority = rng.choice(spec.priorities)
         extra: dict[str, Any] = {}
         roll = rng.random()
         if roll < 0.1:

@@ -95,7 +95,10 @@ class LiveBackend:
         for a in placement.assignments:
             if a.pod_key not in covered:
                 extras.setdefault(a.gang, []).append(a)
-        placed += [GangOutcome(g, "", True, tuple(items)) for g, items in extras.items()]
+        queue_of = {g.key: g.queue for g in snapshot.gangs}
+        placed += [
+            GangOutcome(g, queue_of.get(g, ""), True, tuple(items)) for g, items in extras.items()
+        ]
         commits: list[GangCommit] = list(
             await asyncio.gather(
                 *(

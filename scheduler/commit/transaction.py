@@ -103,6 +103,7 @@ async def commit_gang(
 ) -> GangCommit:
     """Bind every pod of a placed gang (see module docstring). Never raises for API errors."""
     result = GangCommit(outcome.gang)
+    queue = outcome.queue or None
     assignments = list(outcome.pods)
     if not assignments:
         return result
@@ -113,7 +114,14 @@ async def commit_gang(
         result.skipped = True
         result.failed = bad
         for a, err in bad:
-            log.warning("grant_write_failed", pod=a.pod_key, gang=a.gang, error=err, cycle=cycle)
+            log.warning(
+                "grant_write_failed",
+                pod=a.pod_key,
+                gang=a.gang,
+                queue=queue,
+                error=err,
+                cycle=cycle,
+            )
         return result
     if not is_leader():
         result.skipped = True
@@ -134,6 +142,7 @@ async def commit_gang(
                 "bound",
                 pod=a.pod_key,
                 gang=a.gang,
+                queue=queue,
                 node=a.node,
                 cycle=cycle,
                 gpu_grant=dict(a.gpu_grant) or None,
@@ -143,7 +152,13 @@ async def commit_gang(
         cache.forget(a.pod_uid)
         result.failed.append((a, error))
         log.warning(
-            "bind_failed", pod=a.pod_key, gang=a.gang, node=a.node, error=error, cycle=cycle
+            "bind_failed",
+            pod=a.pod_key,
+            gang=a.gang,
+            queue=queue,
+            node=a.node,
+            error=error,
+            cycle=cycle,
         )
     if result.partial:
         log.warning(

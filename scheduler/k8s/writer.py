@@ -123,7 +123,7 @@ class Writer:
         limiter: EventLimiter | None = None,
         bind_attempts: int = 3,
         retry_delay: float = 0.2,
-        max_in_flight: int = 16,
+        max_in_flight: int = 8,
     ) -> None:
         self.api = api
         self.component = component

@@ -1,6 +1,8 @@
 """``kai-scheduler simulate``: the live scheduling cycle on an in-memory cluster.
 
-- :mod:`.scenario` - scenario YAML (nodes, Queue/PodGroup objects, jobs over time) -> domain types
+- :mod:`.scenario` - scenario YAML (settings, nodes, Queue objects) -> a validated Scenario
+- :mod:`.workload` - the scenario's jobs and PodGroups -> pods and gangs with arrival times
+- :mod:`.fields` - field readers whose errors name the field path (:class:`ScenarioError`)
 - :mod:`.backend` - :class:`SimulatedCluster`, the in-memory :class:`scheduler.cycle.Backend`
 - :mod:`.engine` - the simulated-time loop (arrivals, a cycle every period, completions)
 - :mod:`.report` / :mod:`.plots` - tables, JSON summary and PNG plots of a run

@@ -13,11 +13,13 @@ itself failed. Heavy imports (solver, matplotlib) happen only when a run starts.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +35,19 @@ _DESCRIPTION = (
     "Run scheduling cycles in simulated time on an in-memory cluster described by a scenario "
     "file (nodes, queues, PodGroups, pods with arrival times and durations), then print per "
     "queue requested / allocated / fair share and per gang whether it was placed or why it "
-    "waits. See examples/simulate/quickstart.yaml."
+    "waits. See examples/simulate/quickstart.yaml. With --trace, replay a GPU cluster trace "
+    "instead (see the trace replay flags)."
 )
+
+
+def _replay_entry(name: str) -> Callable[..., Any] | None:
+    """A function of the trace-replay module, looked up by name (it is optional here)."""
+    try:
+        module = importlib.import_module("scheduler.simulate.replay")
+    except ImportError:
+        return None
+    entry = getattr(module, name, None)
+    return entry if callable(entry) else None
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -49,11 +62,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--out", metavar="DIR", default=None, help="write PNG plots of the run into DIR"
     )
     parser.add_argument("--no-progress", action="store_true", help="never show the progress bar")
-    try:
-        from scheduler.simulate.replay import add_trace_arguments
-    except ImportError:
-        return
-    add_trace_arguments(parser)
+    add_trace_arguments = _replay_entry("add_trace_arguments")
+    if add_trace_arguments is not None:
+        add_trace_arguments(parser)
     parser.set_defaults(command="simulate")
 
 
@@ -158,14 +169,14 @@ def run(args: argparse.Namespace) -> int:
     if trace:
         if args.scenario:
             return _error("give a scenario file or --trace, not both")
-        try:
-            from scheduler.simulate.replay import run_trace
-        except ImportError as e:
-            return _error(f"trace replay is not available ({e})")
+        run_trace = _replay_entry("run_trace")
+        if run_trace is None:
+            return _error("trace replay (scheduler.simulate.replay) is not available")
         return int(run_trace(args))
     if not args.scenario:
         return _error(
-            "missing SCENARIO.yaml; try: kai-scheduler simulate examples/simulate/quickstart.yaml"
+            "missing SCENARIO.yaml (or --trace openb); "
+            "try: kai-scheduler simulate examples/simulate/quickstart.yaml"
         )
     _quiet_logs()
     from scheduler.simulate.scenario import ScenarioError, load_scenario

@@ -14,8 +14,9 @@ dropped ones included) first reaches each checkpoint.
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ import numpy as np
 from scheduler.cluster.node import GPU_MILLI
 from scheduler.plugins.fragmentation import (
     Candidates,
+    DeviceTerms,
     Measure,
     MixArrays,
     TaskType,
@@ -35,7 +37,19 @@ from scheduler.plugins.fragmentation import (
     device_sums,
     fragmentation,
 )
-from scheduler.simulate.trace import TraceNode, TracePod
+from scheduler.simulate.trace import (
+    DEFAULT_NODES,
+    DEFAULT_PODS,
+    MIX_KEYS,
+    TraceError,
+    TraceNode,
+    TracePod,
+    arrival_order,
+    default_trace_file,
+    load_nodes,
+    load_pods,
+    parse_mix,
+)
 
 __all__ = [
     "CHECKPOINTS",
@@ -43,7 +57,11 @@ __all__ = [
     "ReplayResult",
     "ReplaySettings",
     "TracePlacement",
+    "add_trace_arguments",
+    "load_trace_args",
     "replay",
+    "run_trace",
+    "settings_from_args",
     "write_placements",
 ]
 
@@ -68,11 +86,14 @@ class ReplaySettings:
     #: Rebuild the mix arrays (and every node's cached fragmentation) after this many arrivals.
     refresh_every: int = 64
     #: ``frag`` policy knobs: weigh task types by GPU request (else by count), count CPU-only
-    #: types in the mix, break fragmentation ties by packing.
-    gpu_weighted: bool = True
+    #: types in the mix, which fragmentation measure, share of task types kept.
+    gpu_weighted: bool = False
     cpu_only_in_mix: bool = True
-    pack_ties: bool = True
-    measure: Measure = "fill"
+    measure: Measure = "mixed"
+    coverage: float = 1.0
+    #: Batch cycles: weight of the cycle's own pods in the target workload, relative to
+    #: everything seen before (0 = none).
+    batch_lookahead: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +157,9 @@ class _Cluster:
         for i, n in enumerate(nodes):
             self.gpu[i, : n.gpus] = GPU_MILLI
         self.mix_arrays: MixArrays | None = None
+        #: Nodes with equal free resources share a state id (they would score the same).
+        self._ids: dict[tuple[int, ...], int] = {}
+        self.state = np.array([self._state_id(i) for i in range(len(nodes))], dtype=np.int64)
 
     def refresh(self, mix: MixArrays) -> None:
         """Recompute every node's cached terms for a new mix."""
@@ -202,6 +226,10 @@ class _Cluster:
         if len(nodes) == 0:
             return -1, ()
         cand = self.candidates(pod, nodes)
+        # Nodes in the same state give the same score: score each distinct (state, device
+        # value) once, keeping the lowest node index of each group (np.unique's first hit).
+        _, first = np.unique(self.state[cand.node] * (GPU_MILLI + 1) + cand.before, True)
+        cand = Candidates(cand.node[first], cand.before[first], cand.after[first], cand.mult[first])
         gpu_after = self.total[cand.node] - cand.mult * (cand.before - cand.after)
         cpu_after = self.cpu[cand.node] - pod.cpu_milli
         mem_after = self.mem[cand.node] - pod.memory_mib
@@ -214,19 +242,12 @@ class _Cluster:
                 mix, cand, self.total, self.terms, cpu_after, mem_after, self.model
             )
             delta = np.round(after - self.frag[cand.node], 6)
-            if settings.policy == "fgd" or not settings.pack_ties:
+            if settings.policy == "fgd":
                 keys = (cand.node, delta)
             else:
                 # Equal fragmentation: pack (least GPU left on the node, then the tightest
                 # device, then least CPU left), so whole nodes stay free for big pods.
-                import os
-
-                q = float(os.environ.get("KQ", "1e-6"))
-                lam = float(os.environ.get("KL", "0"))
-                d2 = np.round((delta + lam * gpu_after) / q) * q
-                order = os.environ.get("KO", "cag")
-                m = {"c": cpu_after, "a": cand.after, "g": gpu_after}
-                keys = (cand.node, *[m[ch] for ch in order], d2)
+                keys = (cand.node, cpu_after, cand.after, gpu_after, delta)
         best = int(np.lexsort(keys)[0])
         n = int(cand.node[best])
         if pod.num_gpu == 0:
@@ -241,6 +262,29 @@ class _Cluster:
         for d, milli in grant:
             self.gpu[n, d] -= milli
         self.update_node(n)
+        self.state[n] = self._state_id(n)
+
+    def save(self) -> tuple[np.ndarray, ...]:
+        """Copies of the mutable arrays (for trying a plan and rolling it back)."""
+        t = self.terms
+        arrays = (self.cpu, self.mem, self.gpu, self.total, self.frag, self.state)
+        return (*(a.copy() for a in arrays), t.sums.copy(), t.counts.copy(), t.fills.copy())
+
+    def restore(self, saved: tuple[np.ndarray, ...]) -> None:
+        """Go back to a :meth:`save` point."""
+        self.cpu, self.mem, self.gpu, self.total, self.frag, self.state = (
+            a.copy() for a in saved[:6]
+        )
+        self.terms = DeviceTerms(*(a.copy() for a in saved[6:]))
+
+    def _state_id(self, n: int) -> int:
+        key = (
+            int(self.model[n]),
+            int(self.cpu[n]),
+            int(self.mem[n]),
+            *sorted(self.gpu[n].tolist()),
+        )
+        return self._ids.setdefault(key, len(self._ids))
 
 
 def _cycle_order(pods: list[TracePod]) -> list[TracePod]:
@@ -249,6 +293,50 @@ def _cycle_order(pods: list[TracePod]) -> list[TracePod]:
     return sorted(
         pods, key=lambda p: (-p.gpu_request_milli, -p.num_gpu, not p.gpu_spec, -p.cpu_milli)
     )
+
+
+Decision = tuple[TracePod, int, tuple[tuple[int, int], ...]]
+
+
+def _place_in_order(
+    cluster: _Cluster, pods: Sequence[TracePod], settings: ReplaySettings
+) -> list[Decision]:
+    out: list[Decision] = []
+    for p in pods:
+        n, grant = cluster.choose(p, settings)
+        if n >= 0:
+            cluster.apply(n, p, grant)
+        out.append((p, n, grant))
+    return out
+
+
+def _placed_milli(decisions: Sequence[Decision]) -> int:
+    return sum(p.gpu_request_milli for p, n, _ in decisions if n >= 0)
+
+
+def _place_cycle(
+    cluster: _Cluster, batch: Sequence[TracePod], settings: ReplaySettings
+) -> list[Decision]:
+    """Place one cycle's pods; leaves ``cluster`` in the chosen plan's state.
+
+    Pods go in arrival order: the fragmentation measure assumes the next pod is drawn from
+    the mix, and sorting every batch biggest-first measured worse (about -1.5 points at 100%
+    arrived). Only when that plan leaves pods out does the cycle also try biggest-first
+    (first-fit decreasing) and keep whichever places more GPU.
+    """
+    if len(batch) == 1:
+        return _place_in_order(cluster, batch, settings)
+    start = cluster.save()
+    plan = _place_in_order(cluster, batch, settings)
+    if all(n >= 0 for _, n, _ in plan):
+        return plan
+    first = cluster.save()
+    cluster.restore(start)
+    other = _place_in_order(cluster, _cycle_order(list(batch)), settings)
+    if _placed_milli(other) > _placed_milli(plan):
+        return other
+    cluster.restore(first)
+    return plan
 
 
 def replay(
@@ -264,6 +352,7 @@ def replay(
         weighting="gpu" if frag and settings.gpu_weighted else "count",
         include_cpu_only=settings.cpu_only_in_mix or not frag,
         measure=settings.measure if frag else "single",
+        coverage=settings.coverage,
     )
     capacity = int(cluster.gpu.sum())
     placements: list[TracePlacement] = []
@@ -276,7 +365,17 @@ def replay(
     for cycle, batch in enumerate(_batches(pods, settings.batch)):
         mix.extend(_task(p) for p in batch)
         since_refresh += len(batch)
-        if cluster.mix_arrays is None or since_refresh >= settings.refresh_every:
+        if len(batch) > 1 and settings.batch_lookahead > 0:
+            # The cycle knows its pods: weigh them into the target workload (as much as
+            # everything seen before, times batch_lookahead) for this cycle only.
+            w = settings.batch_lookahead * sum(mix.counts.values()) / len(batch)
+            for p in batch:
+                mix.add(_task(p), w)
+            cluster.refresh(mix.arrays(cluster.models))
+            for p in batch:
+                mix.add(_task(p), -w)
+            since_refresh = 0
+        elif cluster.mix_arrays is None or since_refresh >= settings.refresh_every:
             cluster.refresh(mix.arrays(cluster.models))
             since_refresh = 0
         crossed: list[int] = []
@@ -289,19 +388,10 @@ def replay(
             ]
         # Pods left waiting from earlier cycles are not retried: nothing ever departs, so free
         # capacity only shrinks and a pod that did not fit then cannot fit now.
-        ks = os.environ.get("KS", "")
-        order = (
-            batch if ks == "none" else
-            sorted(batch, key=lambda p: p.gpu_request_milli) if ks == "asc" else
-            sorted(batch, key=lambda p: (-p.num_gpu, p.gpu_milli == 1000, -p.gpu_milli)) if ks == "fracfirst" else
-            sorted(batch, key=lambda p: -p.gpu_request_milli) if ks == "gpuonly" else
-            _cycle_order(batch))
-        for p in order:
-            n, grant = cluster.choose(p, settings)
+        for p, n, grant in _place_cycle(cluster, batch, settings):
             if n < 0:
                 (dropped if settings.drop_unplaced else pending).append(p.name)
                 continue
-            cluster.apply(n, p, grant)
             allocated += p.gpu_request_milli
             placements.append(TracePlacement(p.name, cluster.names[n], grant, cycle))
         for c in crossed:
@@ -332,3 +422,109 @@ def write_placements(path: str | Path, placements: Sequence[TracePlacement]) -> 
             f.write(
                 json.dumps({"pod": pl.pod, "node": pl.node, "gpus": gpus, "cycle": pl.cycle}) + "\n"
             )
+
+
+# --- command line (``kai-scheduler simulate --trace openb``) -------------------------------
+
+
+def _has_option(parser: argparse.ArgumentParser, flag: str) -> bool:
+    return any(flag in a.option_strings for a in parser._actions)
+
+
+def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the trace-replay flags to ``parser`` (skipping any it already has, e.g. --json)."""
+    g = parser.add_argument_group("trace replay (--trace openb)")
+    g.add_argument("--trace", choices=["openb"], default=None, help="replay a trace")
+    g.add_argument("--nodes", metavar="NODES.csv", help="openb node list")
+    g.add_argument("--pods", metavar="PODS.csv", help="openb pod list")
+    g.add_argument("--shuffle-seed", type=int, default=None, metavar="S", help="shuffle pods")
+    g.add_argument(
+        "--inflate",
+        type=float,
+        default=None,
+        metavar="X",
+        help="append re-sampled pods until GPU demand is X times capacity (e.g. 1.3)",
+    )
+    g.add_argument("--batch", type=int, default=1, metavar="B", help="pods per cycle")
+    g.add_argument(
+        "--drop-unplaced",
+        action="store_true",
+        help="drop a pod not placed in the first cycle that sees it (FGD paper rule)",
+    )
+    g.add_argument("--placements", metavar="OUT.jsonl", help="write one line per placed pod")
+    g.add_argument(
+        "--mix",
+        default=None,
+        metavar="KNOB=SHARE,...",
+        help=f"re-sample the pod list first; knobs: {', '.join(MIX_KEYS)}",
+    )
+    g.add_argument(
+        "--policy",
+        choices=["frag", "fgd", "bestfit"],
+        default="frag",
+        help="placement policy (frag: ours; fgd/bestfit: baselines)",
+    )
+    if not _has_option(parser, "--json"):
+        g.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def settings_from_args(args: argparse.Namespace) -> ReplaySettings:
+    """ReplaySettings from parsed flags."""
+    return ReplaySettings(
+        batch=args.batch, drop_unplaced=bool(args.drop_unplaced), policy=args.policy
+    )
+
+
+def load_trace_args(args: argparse.Namespace) -> tuple[list[TraceNode], list[TracePod]]:
+    """Nodes and the arrival-ordered pods the flags describe. Raises TraceError."""
+    nodes_path = args.nodes or default_trace_file(DEFAULT_NODES)
+    pods_path = args.pods or default_trace_file(DEFAULT_PODS)
+    if not nodes_path or not pods_path:
+        raise TraceError("--nodes and --pods are required (openb CSV files)")
+    if args.batch < 1:
+        raise TraceError(f"--batch is {args.batch}; it must be at least 1")
+    nodes = load_nodes(nodes_path)
+    pods = arrival_order(
+        load_pods(pods_path),
+        nodes,
+        seed=args.shuffle_seed,
+        inflate_to=args.inflate,
+        mix=parse_mix(args.mix),
+    )
+    return nodes, pods
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    """Run a trace replay from parsed flags; prints a table (or JSON). Exit code 0/2."""
+    try:
+        nodes, pods = load_trace_args(args)
+    except TraceError as e:
+        print(f"kai-scheduler simulate: {e}", file=sys.stderr)
+        return 2
+    result = replay(nodes, pods, settings_from_args(args))
+    if args.placements:
+        try:
+            write_placements(args.placements, result.placements)
+        except OSError as e:
+            print(f"kai-scheduler simulate: --placements {args.placements}: {e}", file=sys.stderr)
+            return 2
+    summary = result.summary()
+    summary.update(policy=args.policy, batch=args.batch, drop_unplaced=bool(args.drop_unplaced))
+    if getattr(args, "json", False):
+        print(json.dumps(summary))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"openb replay ({args.policy}, batch {args.batch})")
+    table.add_column("arrived % of GPU capacity", justify="right")
+    table.add_column("GPU allocation ratio %", justify="right")
+    for k, v in summary["allocation_ratio_at_arrived"].items():
+        table.add_row(k, "-" if v is None else f"{v:.2f}")
+    console = Console()
+    console.print(table)
+    console.print(
+        f"pods arrived {summary['pods_arrived']}, placed {summary['pods_placed']}, "
+        f"unplaced {summary['pods_unplaced']}; {summary['seconds']} s"
+    )
+    return 0

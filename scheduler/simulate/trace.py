@@ -289,3 +289,42 @@ def remix(
                 model = rng.choices([n.model for n in fit], [n.gpus for n in fit])[0]
                 out[i] = replace(out[i], gpu_spec=(model,))
     return out
+
+
+#: Where the openb CSVs live unless ``--nodes``/``--pods`` say otherwise (``KAI_OPENB_DIR``).
+DEFAULT_OPENB_DIR = "/work/shared/traces/alibaba-gpu-v2023-openb"
+DEFAULT_NODES = "openb_node_list_gpu_node.csv"
+DEFAULT_PODS = "openb_pod_list_default.csv"
+
+
+def default_trace_file(name: str) -> str | None:
+    """The default openb file ``name`` if it exists (``$KAI_OPENB_DIR`` or the shared copy)."""
+    import os
+
+    path = Path(os.environ.get("KAI_OPENB_DIR", DEFAULT_OPENB_DIR)) / name
+    return str(path) if path.is_file() else None
+
+
+def arrival_order(
+    pods: Sequence[TracePod],
+    nodes: Sequence[TraceNode],
+    *,
+    seed: int | None = None,
+    inflate_to: float | None = None,
+    mix: dict[str, float] | None = None,
+) -> list[TracePod]:
+    """The pods in the order a replay sees them: remixed, shuffled, then inflated.
+
+    Each step uses ``seed`` (0 when no shuffle seed is given), so a run is reproducible.
+    """
+    s = 0 if seed is None else seed
+    out = remix(pods, mix, nodes, s) if mix else list(pods)
+    if seed is not None:
+        out = shuffle_pods(out, seed)
+    if inflate_to is not None:
+        out = inflate(out, inflate_to, gpu_capacity_milli(nodes), s)
+    return out
+
+
+__all__ += ["DEFAULT_NODES", "DEFAULT_OPENB_DIR", "DEFAULT_PODS", "arrival_order"]
+__all__ += ["default_trace_file"]

@@ -15,8 +15,14 @@ Public API:
   gangs each tiny cycle (assignments are applied to the state), ``release`` pods when they
   finish. A :class:`GangRequest` is (key, queue, priority, preemptible, required pods, extra
   pods); pass a :class:`~scheduler.solver.queues.QueueBook` to enforce queue limits/quota.
-- Scorers: any :class:`scheduler.framework.NodeScorer`; default
-  :class:`scheduler.plugins.packing.PackingScorer` (binpack/spread).
+- Scorers: any :class:`scheduler.framework.NodeScorer` (``solve(..., scorer=...)`` or
+  ``place_gangs(state, gangs, scorer)``); default
+  :class:`scheduler.plugins.packing.PackingScorer` (binpack/spread). With a custom scorer
+  CP-SAT still decides admission but no longer overrides placement quality.
+
+Modules: ``state`` (ClusterState, classes), ``greedy``, ``patterns`` (node patterns and the
+canonical packer), ``cpsat`` (the model), ``hybrid`` (stages by priority), ``validate``
+(independent), ``problem``, ``queues``, ``solve`` (the pipeline and the objective order).
 """
 
 from scheduler.solver.greedy import GangRequest, GreedyResult, place_gangs

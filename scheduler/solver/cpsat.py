@@ -6,7 +6,9 @@ Data -> variables -> constraints -> objective -> solve -> read back:
   shapes; see :mod:`scheduler.solver.patterns`). The empty pattern is the slack.
 - ``y[g]`` (bool): gang ``g`` admitted - all its required pods placed. Gangs of priorities
   above the frontier (the highest priority where greedy left a gang out) are fixed to 1:
-  greedy proved they all fit together, and priority dominates everything below it.
+  greedy proved they all fit together, and priority dominates everything below it. Lower
+  priorities are later stages (:mod:`scheduler.solver.hybrid`): one tier per model keeps
+  the lexicographic weights far below 2**63.
 - ``f[q, r]`` (int): work of leaf queue ``q`` in resource ``r`` admitted within what is left
   of its fair share.
 
@@ -18,6 +20,9 @@ Objective (maximise, lexicographic by integer weights; numbers in
 :class:`ObjectiveWeights`): ``K_A * (K_F * sum f + sum w_g y_g) + Q_off - sum dq z``,
 i.e. fairness, then admitted work, then placement quality (``dq`` = change of
 :func:`scheduler.plugins.packing.node_cost`, ``Q_off`` keeps the value non-negative).
+
+The best bound CP-SAT reports is a bound of *this* model: patterns are enumerated up to a
+cap per class, so it does not bound placements that need a pattern left out.
 
 Where running pods come in (reclaim, preemption, consolidation, elastic shrink): today a
 class is keyed by a node's *free* state and patterns only add shapes. The extension keys a
@@ -114,13 +119,17 @@ def optimize(
     workers: int,
     pattern_cap: int = 48,
     quality: bool = True,
+    presolve: bool = False,
+    charged: Mapping[str, Mapping[str, int]] | None = None,
     cycle: int | None = None,
 ) -> CpResult | None:
     """Build and solve the model; None when the greedy hint cannot be expressed in it.
 
     ``quality=False`` drops the placement-quality term (used when the greedy ranks nodes
-    with a custom scorer whose notion of quality the model does not share).
+    with a custom scorer whose notion of quality the model does not share). ``charged`` is
+    queue usage already admitted earlier in this cycle (by higher-priority stages).
     """
+    charged = charged or {}
     started = time.perf_counter()
     model = cp_model.CpModel()
 
@@ -194,13 +203,28 @@ def optimize(
         model.new_constant(1) if g.fixed else model.new_bool_var(f"y{i}")
         for i, g in enumerate(gangs)
     ]
+    # identical gangs (same queue, priority, preemptibility and pods): the earlier one in
+    # admission order goes first - breaks symmetry, and is what fairness order says anyway
+    last_of_type: dict[tuple[object, ...], int] = {}
+    for i, g in enumerate(gangs):
+        if g.fixed:
+            continue
+        kind = (
+            g.request.queue,
+            g.request.priority,
+            g.request.preemptible,
+            tuple(sorted(counts[i].items())),
+        )
+        if kind in last_of_type:
+            model.add(y[last_of_type[kind]] >= y[i])
+        last_of_type[kind] = i
     # shape s: slots in patterns == pods of admitted gangs (whole gangs only)
     for s in range(len(shapes)):
         pods_of_s = [(c[s], y[i]) for i, c in enumerate(counts) if c.get(s)]
         model.add(sum(k * v for k, v in slots[s]) == sum(k * v for k, v in pods_of_s))
 
     # queue limits at every level, non-preemptible quota at the leaf
-    for name, terms, cap in _queue_rows(gangs, tree, report):
+    for name, terms, cap in _queue_rows(gangs, tree, report, charged):
         # a queue already past its limit takes nothing more (not "gives back")
         model.add(sum(a * y[i] for i, a in terms) <= max(0, cap)).with_name(name)
 
@@ -215,18 +239,20 @@ def optimize(
     for i in free_idx:
         by_queue.setdefault(gangs[i].request.queue, []).append(i)
     hint_f: list[int] = []
+    rooms: list[int] = []
     for q, idx in sorted(by_queue.items()):
         qs = report.queues.get(q)
         if qs is None:
             continue
         for r, unit in UNITS.items():
             room = qs.fair_share.get(r, 0) - qs.allocated.get(r, 0)
-            room -= fixed_use.get(q, Counter())[r]
+            room -= fixed_use.get(q, Counter())[r] + charged.get(q, {}).get(r, 0)
             room = max(0, room) // unit
             work = [(gangs[i].units[r], y[i]) for i in idx if gangs[i].units[r] > 0]
             if room <= 0 or not work:
                 continue
             f = model.new_int_var(0, room, f"f_{q}_{r}")
+            rooms.append(room)
             model.add(f <= sum(a * v for a, v in work))
             fair_vars.append(f)
             hint_f.append(
@@ -263,11 +289,23 @@ def optimize(
         gangs[i].work for i in free_idx if gangs[i].request.key in hint_admitted
     )
     greedy_objective = weights.admit * greedy_admit + weights.quality_offset - greedy_quality
+    log.debug(
+        "cpsat_weights",
+        cycle=cycle,
+        fair=weights.fair,
+        admit=weights.admit,
+        q_off=weights.quality_offset,
+        hint_f=sum(hint_f),
+        hint_u=greedy_admit - weights.fair * sum(hint_f),
+        rooms=rooms,
+        work_max=work_max,
+    )
 
     build_seconds = time.perf_counter() - started
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, time_limit)
     solver.parameters.num_workers = max(1, workers)
+    solver.parameters.cp_model_presolve = presolve
     code = solver.solve(model)
     solve_seconds = time.perf_counter() - started - build_seconds
     status = solver.status_name(code)
@@ -311,7 +349,10 @@ def optimize(
 
 
 def _queue_rows(
-    gangs: Sequence[ModelGang], tree: QueueTree, report: FairShareReport
+    gangs: Sequence[ModelGang],
+    tree: QueueTree,
+    report: FairShareReport,
+    charged: Mapping[str, Mapping[str, int]],
 ) -> list[tuple[str, list[tuple[int, int]], int]]:
     """(name, [(gang index, amount)], capacity) rows for limits and non-preemptible quota."""
     rows: list[tuple[str, list[tuple[int, int]], int]] = []
@@ -329,7 +370,8 @@ def _queue_rows(
                 continue
             terms = [(i, gangs[i].ask.get(r, 0)) for i in idx if gangs[i].ask.get(r, 0) > 0]
             if terms:
-                rows.append((f"limit_{q}_{r}", terms, limit - status.allocated.get(r, 0)))
+                used = status.allocated.get(r, 0) + charged.get(q, {}).get(r, 0)
+                rows.append((f"limit_{q}_{r}", terms, limit - used))
         if q not in tree.queues:
             continue
         for r, settings in tree.queues[q].resources:
@@ -343,7 +385,8 @@ def _queue_rows(
                 and gangs[i].ask.get(r, 0) > 0
             ]
             if terms:
-                rows.append((f"quota_{q}_{r}", terms, settings.quota - status.allocated.get(r, 0)))
+                used = status.allocated.get(r, 0) + charged.get(q, {}).get(r, 0)
+                rows.append((f"quota_{q}_{r}", terms, settings.quota - used))
     return rows
 
 

@@ -1,16 +1,28 @@
-"""One solve: snapshot -> greedy (-> CP-SAT) -> validated placement with a reason per gang.
+"""One solve: snapshot -> greedy -> CP-SAT -> validated placement with a reason per gang.
 
-Objective, in this order (the greedy follows it by construction, CP-SAT by weights; see
-:mod:`scheduler.solver.objective`):
+Pipeline: fair shares and admission order (:mod:`scheduler.fairness`) -> pending gangs split
+into required pods and extras (:mod:`.problem`) -> :class:`~.state.ClusterState` (node
+equivalence classes) -> greedy in admission order (:mod:`.greedy`) -> CP-SAT on the
+aggregated model, stage by priority tier (:mod:`.hybrid`, :mod:`.cpsat`) -> the better
+answer -> :func:`~.validate.validate` (fall back to greedy, then to nothing) ->
+:func:`scheduler.explain.explain_unplaced` for every gang left waiting.
 
-1. priority - admitting a gang of a higher priority is worth more than any number of gangs
-   of lower priorities;
-2. fairness - within a priority, work of queues below their fair share first;
-3. more work admitted;
+Objective, in this order (the greedy follows it by construction of its order; CP-SAT by
+integer weights that make each level dominate the next, see :mod:`.cpsat`):
+
+1. priority - a gang of a higher priority is worth more than any number of gangs of lower
+   priorities (tiers are solved in order; a tier's admissions are never traded for lower
+   ones);
+2. fairness - within a priority, work that keeps queues within their fair share
+   (``fair_share - allocated`` per queue, GPU in tenths and CPU in cores) first;
+3. more work admitted (GPU tenths; CPU cores for CPU-only gangs);
 4. placement quality - binpack (fewest partly used nodes and devices) or spread, chosen
-   separately for GPU and CPU nodes (:mod:`scheduler.plugins.packing`).
+   separately for GPU and CPU nodes (:func:`scheduler.plugins.packing.node_cost`).
 
 Optional extras (pods beyond ``min_member``) are placed after every admissible gang.
+Hard rules (never traded): node fit for every resource and device, taints/tolerations,
+nodeSelector, required node affinity, cordoned/NotReady nodes, whole gangs, queue limits
+at every level, leaf quota for non-preemptible gangs.
 """
 
 from __future__ import annotations
@@ -18,26 +30,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import cast
 
 import structlog
 
-from scheduler.cluster.pod import Pod
-from scheduler.cluster.resources import CPU, MEMORY
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.explain import explain_unplaced
 from scheduler.fairness import FairShareReport, compute_fair_shares
 from scheduler.framework.scoring import NodeScorer
 from scheduler.plugins.packing import PackingScorer
-from scheduler.solver.cpsat import CpResult, ModelGang, optimize, work_units
-from scheduler.solver.greedy import (
-    GangRequest,
-    GreedyResult,
-    place_extra_pods,
-    place_gangs,
-    pod_size,
-)
-from scheduler.solver.patterns import ClassInfo, pack
+from scheduler.solver.cpsat import CpResult
+from scheduler.solver.greedy import place_gangs
+from scheduler.solver.hybrid import current_classes, improve
 from scheduler.solver.placement import (
     GangOutcome,
     Placement,
@@ -47,7 +50,7 @@ from scheduler.solver.placement import (
 )
 from scheduler.solver.problem import Problem, build_problem
 from scheduler.solver.queues import QueueBook
-from scheduler.solver.state import ClassKey, ClusterState
+from scheduler.solver.state import ClusterState
 from scheduler.solver.validate import validate
 
 __all__ = ["solve", "solve_in_thread"]
@@ -86,7 +89,7 @@ def solve(
     if not problem.pending:
         return Placement(status=SolveStatus.EMPTY, build_seconds=time.perf_counter() - started)
     state = ClusterState.from_snapshot(snapshot)
-    initial = _initial_classes(state)
+    initial = current_classes(state)
     lap("state")
     scorer = scorer or PackingScorer(settings.gpu_strategy, settings.cpu_strategy)
     spread = settings.gpu_strategy == "spread"
@@ -102,17 +105,17 @@ def solve(
     lap("greedy")
     candidates: list[tuple[SolveStatus, list[PodAssignment]]] = []
     cp: CpResult | None = None
+    cp_assignments: list[PodAssignment] | None = None
     if not settings.greedy_only:
         try:
-            cp, cp_assignments = _cp_candidate(
+            cp, cp_assignments, engine = improve(
                 snapshot, problem, state, initial, greedy, scorer, settings, cycle
             )
         except Exception:  # CP-SAT is an improvement; its failure must not cost the cycle
             log.exception("cpsat_failed", cycle=cycle)
-            cp, cp_assignments = None, None
-        if cp_assignments is not None and cp is not None:
-            status = SolveStatus.OPTIMAL if cp.status == "OPTIMAL" else SolveStatus.FEASIBLE
-            candidates.append((status, cp_assignments))
+            cp, cp_assignments, engine = None, None, ""
+        if cp_assignments is not None:
+            candidates.append((SolveStatus(engine), cp_assignments))
     lap("cpsat")
     candidates.append((SolveStatus.GREEDY, greedy.assignments))
     assignments: list[PodAssignment] = []
@@ -134,9 +137,7 @@ def solve(
         assignments=tuple(assignments),
         outcomes=outcomes,
         status=status,
-        objective=(cp.objective if status is not SolveStatus.GREEDY else cp.greedy_objective)
-        if cp is not None
-        else 0,
+        objective=_reported_objective(cp, hybrid=assignments is cp_assignments),
         greedy_objective=cp.greedy_objective if cp is not None else 0,
         best_bound=cp.bound if cp is not None else 0,
         build_seconds=build_seconds + (cp.build_seconds if cp is not None else 0.0),
@@ -158,172 +159,13 @@ def solve(
     return placement
 
 
-def _initial_classes(state: ClusterState) -> list[ClassInfo]:
-    """The node classes at the start of the cycle (before anything is placed)."""
-    return [
-        ClassInfo(key, state.nodes[next(iter(members))].node, list(members))
-        for key, members in state.classes.items()
-    ]
-
-
-def _model_classes(initial: list[ClassInfo], touched: set[str], limit: int) -> list[ClassInfo]:
-    """Classes for the CP-SAT model, at most about ``limit`` of them.
-
-    When running pods leave every node a slightly different CPU/memory remainder, exact
-    classes approach one per node. Classes the greedy did not touch are then merged by
-    static traits, device state and *rounded-down* free CPU/memory, and the merged class
-    offers the smallest free amount of its members - so any pattern feasible for it is
-    feasible on each member, and the greedy hint (on untouched-by-merging classes) stays
-    complete. Buckets double until the count fits.
-    """
-    if len(initial) <= limit:
-        return initial
-    keep = [c for c in initial if touched.intersection(c.members)]
-    rest = [c for c in initial if not touched.intersection(c.members)]
-    bucket = {CPU: 1000, MEMORY: 2**30}
-    while True:
-        merged: dict[tuple[object, ...], list[ClassInfo]] = {}
-        for c in rest:
-            free = dict(c.key[1])
-            coarse = tuple(
-                (k, v // bucket[k] if k in bucket else v) for k, v in sorted(free.items())
-            )
-            merged.setdefault((c.key[0], coarse, c.key[2]), []).append(c)
-        if len(keep) + len(merged) <= limit or bucket[CPU] > 2**20:
-            break
-        bucket = {k: v * 2 for k, v in bucket.items()}
-    out = list(keep)
-    for (sid, _, gpu), group in merged.items():
-        if len(group) == 1:
-            out.append(group[0])
-            continue
-        floor: dict[str, int] = dict(group[0].key[1])
-        for c in group[1:]:
-            for k, v in c.key[1]:
-                floor[k] = min(floor.get(k, v), v)
-        key: ClassKey = (cast(int, sid), tuple(sorted(floor.items())), cast(tuple[int, ...], gpu))
-        out.append(ClassInfo(key, group[0].node, [m for c in group for m in c.members]))
-    return out
-
-
-def _model_gangs(problem: Problem, admitted: set[str]) -> tuple[list[ModelGang], list[GangRequest]]:
-    """Gangs CP-SAT decides on, and the lower-priority rest left to the greedy backfill.
-
-    The frontier is the highest priority with a gang greedy could not admit: gangs above it
-    are fixed admitted, gangs at it are free, gangs below it are backfilled afterwards. When
-    greedy admitted everything, every gang is fixed and CP-SAT only improves quality.
-    """
-    gangs = [g for g in problem.order if g.required]
-    failed = [g.priority for g in gangs if g.key not in admitted]
-    frontier = max(failed) if failed else None
-    model: list[ModelGang] = []
-    rest: list[GangRequest] = []
-    for g in gangs:
-        if frontier is not None and g.priority < frontier:
-            rest.append(g)
-            continue
-        fixed = frontier is None or g.priority > frontier
-        ask = g.ask
-        units = work_units(ask)
-        work = max(1, units["gpu"] or units["cpu"])
-        model.append(ModelGang(g, fixed, work, units, ask))
-    return model, rest
-
-
-def _cp_candidate(
-    snapshot: Snapshot,
-    problem: Problem,
-    state: ClusterState,
-    classes: list[ClassInfo],
-    greedy: GreedyResult,
-    scorer: NodeScorer,
-    settings: PlacementSettings,
-    cycle: int | None,
-) -> tuple[CpResult | None, list[PodAssignment] | None]:
-    """Run CP-SAT; if it beats greedy, rebuild a full placement from it on ``state``.
-
-    ``state`` is left as it was (greedy's placement applied) whatever happens.
-    """
-    by_key = problem.by_key
-    admitted = {k for k, pods in greedy.placed.items() if by_key[k].required}
-    model_gangs, rest = _model_gangs(problem, admitted)
-    if not model_gangs:
-        return None, None
-    # The model's quality term is binpack/spread; with another scorer it judges admission only.
-    quality = isinstance(scorer, PackingScorer)
-    if all(g.fixed for g in model_gangs) and not (settings.quality_when_all_admitted and quality):
-        return None, None
-    in_model = {g.request.key for g in model_gangs}
-    hint_nodes: dict[str, list[Pod]] = {}
-    for key in in_model & admitted:
-        required = len(by_key[key].required)
-        for a in greedy.placed[key][:required]:
-            hint_nodes.setdefault(a.node, []).append(state.pods[a.pod_uid])
-    touched = set(hint_nodes)
-    cp = optimize(
-        classes=_model_classes(classes, touched, settings.max_model_classes),
-        gangs=model_gangs,
-        hint_nodes=hint_nodes,
-        hint_admitted=admitted & in_model,
-        tree=snapshot.queue_tree,
-        report=problem.report,
-        gpu_strategy=settings.gpu_strategy,
-        cpu_strategy=settings.cpu_strategy,
-        time_limit=settings.time_limit_seconds,
-        workers=settings.workers,
-        pattern_cap=settings.patterns_per_class,
-        quality=quality,
-        cycle=cycle,
-    )
-    if cp is None or not cp.usable or cp.objective <= cp.greedy_objective:
-        return cp, None
-    spread = settings.gpu_strategy == "spread"
-    greedy_list = greedy.assignments
-    for a in reversed(greedy_list):
-        state.release(a.pod_uid)
-    out: list[PodAssignment] = []
-    try:
-        for name, pods in cp.node_pods.items():
-            slot = state.nodes[name]
-            ordered = sorted(pods, key=pod_size, reverse=True)
-            grants = pack(slot.node, dict(slot.free), list(slot.gpu_free), ordered, spread=spread)
-            if grants is None:
-                raise ValueError(f"pattern does not fit node {name}")
-            for pod, grant in zip(ordered, grants, strict=True):
-                a = PodAssignment(pod.uid, pod.key, pod.gang, name, grant)
-                state.apply(a, pod)
-                out.append(a)
-        book = QueueBook(snapshot.queue_tree, problem.report)
-        for key in cp.admitted:
-            book.charge(by_key[key].queue, by_key[key].ask)
-        back = place_gangs(
-            state, rest, scorer, book=book, extras=False, spread_devices=spread, cycle=cycle
-        )
-        out.extend(back.assignments)
-        extra = place_extra_pods(
-            state,
-            problem.order,
-            cp.admitted | set(back.placed),
-            scorer,
-            book=book,
-            spread_devices=spread,
-        )
-        out.extend(a for pods in extra.values() for a in pods)
-    except ValueError as e:
-        log.error("cpsat_disaggregation_failed", cycle=cycle, error=str(e))
-        out_failed = out
-        out = []
-        for a in reversed(out_failed):
-            state.release(a.pod_uid)
-        for a in greedy_list:
-            state.apply(a)
-        return cp, None
-    # leave the state as greedy had it, so callers see one consistent picture
-    for a in reversed(out):
-        state.release(a.pod_uid)
-    for a in greedy_list:
-        state.apply(a)
-    return cp, out
+def _reported_objective(cp: CpResult | None, *, hybrid: bool) -> int:
+    """The first stage's objective of what is returned (greedy's unless CP-SAT's stage won)."""
+    if cp is None:
+        return 0
+    if hybrid and cp.usable and cp.objective > cp.greedy_objective:
+        return cp.objective
+    return cp.greedy_objective
 
 
 def _outcomes(problem: Problem, assignments: Sequence[PodAssignment]) -> dict[str, GangOutcome]:

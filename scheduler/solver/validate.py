@@ -61,6 +61,7 @@ def validate(snapshot: Snapshot, assignments: Sequence[PodAssignment]) -> list[s
     per_gang: dict[str, int] = defaultdict(int)
     seen: set[str] = set()
     placed: list[tuple[Pod, PodAssignment]] = []
+    accepts: dict[tuple[object, ...], bool] = {}
     for a in assignments:
         pod = pods.get(a.pod_uid)
         if pod is None:
@@ -80,7 +81,20 @@ def validate(snapshot: Snapshot, assignments: Sequence[PodAssignment]) -> list[s
             continue
         if not node.schedulable:
             out.append(f"pod {pod.key}: node {node.name} is cordoned or NotReady")
-        if not pod.accepts(node):
+        # Same rules on nodes with the same labels and taints give the same answer.
+        by_name = any(r.key == "metadata.name" for t in pod.affinity for r in t.requirements)
+        rule_key = (
+            pod.tolerations,
+            pod.node_selector,
+            pod.affinity,
+            node.labels,
+            node.taints,
+            node.name if by_name else "",
+        )
+        ok = accepts.get(rule_key)
+        if ok is None:
+            ok = accepts[rule_key] = pod.accepts(node)
+        if not ok:
             out.append(f"pod {pod.key}: node {node.name} fails its taints/selector/affinity")
         expected = _expected_grant(pod, node.gpu_memory_mib)
         indices = [i for i, _ in a.gpu_grant]

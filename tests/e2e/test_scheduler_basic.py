@@ -18,6 +18,7 @@ from tests.e2e.scheduler_process import (
     KaiCluster,
     StartScheduler,
     kai_cluster,
+    kubectl_json,
     pod_manifest,
     start_scheduler,
     wait_for,
@@ -203,5 +204,8 @@ def test_queue_gpu_limit_caps_binds(
             "get", "queue", queue, "-o", "jsonpath={.status.allocated.gpu}"
         ).stdout
         assert status == "4"
+        queue_status = kubectl_json(kai_cluster.cp, "get", "queue", queue)["status"]
+        assert queue_status["requested"]["gpu"] == 6
+        assert float(queue_status["fairShare"]["gpu"]) <= 4  # never past the limit
     finally:
         kai_cluster.cp.kubectl("delete", "queue", queue, "--ignore-not-found")

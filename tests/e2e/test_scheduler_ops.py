@@ -9,6 +9,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.e2e.scheduler_process import (
     KaiCluster,
@@ -137,7 +138,8 @@ def test_metrics_probes_and_json_logs(
     records = sched.log_records()  # raises if any line is not JSON
     bound = [r for r in records if r.get("event") == "bound"]
     assert len(bound) == 2
-    assert all({"pod", "gang", "node", "cycle"} <= set(r) for r in bound)
+    assert all({"pod", "gang", "queue", "node", "cycle"} <= set(r) for r in bound)
+    assert {r["queue"] for r in bound} == {"default-queue"}
     assert any(r.get("event") == "cycle" and "cycle" in r for r in records)
     assert sched.stop() == 0  # SIGTERM is a clean shutdown
     assert sched.log_records()[-1]["event"] == "exiting"
@@ -167,3 +169,34 @@ def test_binpack_fills_a_node_spread_spreads(
         assert sorted(per_node.values()) == [1, 1, 1], per_node
     grants = kubectl_json(kai_cluster.cp, "get", "pods", "-n", namespace)["items"]
     assert all("kai.scheduler/gpu-grant" in p["metadata"]["annotations"] for p in grants)
+
+
+def test_kube_api_server_flag_overrides_the_kubeconfig(
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
+    make_gpu_nodes: Any,
+    tmp_path: Any,
+) -> None:
+    tag = _tag()
+    make_gpu_nodes(1, gpus=1, labels=tag)
+    config = yaml.safe_load(kai_cluster.kubeconfig.read_text())
+    config["clusters"][0]["cluster"]["server"] = "https://127.0.0.1:1"  # nothing listens here
+    wrong = tmp_path / "wrong-server.kubeconfig"
+    wrong.write_text(yaml.safe_dump(config))
+    sched = start_scheduler(
+        args=[
+            f"--kube-config={wrong}",
+            f"--kube-api-server={kai_cluster.cp.server}",
+            "--kube-api-secure=false",
+        ],
+    )
+    kai_cluster.create(pod_manifest("p", gpus=1, node_selector=tag), namespace=namespace)
+    wait_for(
+        "bound through the overriding server",
+        lambda: _bound(kai_cluster.pods(namespace)),
+        logs=sched,
+    )
+    assert any(
+        r.get("event") == "api_client" and r.get("verify_tls") is False for r in sched.log_records()
+    )

@@ -266,3 +266,43 @@ def test_api_server_restart_while_pods_pend(
     )
     assert sched.running()
     assert sched.get("/readyz")[0] == 200
+
+
+def test_fractional_grants_survive_a_restart(
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
+    make_gpu_nodes: Any,
+) -> None:
+    tag = _tag()
+    make_gpu_nodes(1, gpus=2, labels=tag)
+    first = start_scheduler(name="first")
+    halves = [
+        pod_manifest(f"h-{i}", node_selector=tag, annotations={"gpu-fraction": "0.5"})
+        for i in range(3)
+    ]
+    kai_cluster.create(*halves, namespace=namespace)
+    wait_for("3 halves bound", lambda: len(_bound(kai_cluster.pods(namespace))) == 3, logs=first)
+    first.kill()
+    # The restarted scheduler knows the devices only from the grant annotations: 1.5 of 2
+    # GPUs are taken, so one more half fits and a whole GPU does not.
+    second = start_scheduler(name="second")
+    kai_cluster.create(
+        pod_manifest("h-3", node_selector=tag, annotations={"gpu-fraction": "0.5"}),
+        pod_manifest("whole", gpus=1, node_selector=tag),
+        namespace=namespace,
+    )
+    wait_for(
+        "the 4th half bound",
+        lambda: "h-3" in _bound(kai_cluster.pods(namespace)),
+        logs=[first, second],
+    )
+    pods = kai_cluster.pods(namespace)
+    assert "whole" not in _bound(pods)
+    _assert_devices_not_shared(pods)
+    grants = [
+        json.loads(p["metadata"]["annotations"]["kai.scheduler/gpu-grant"])
+        for p in pods
+        if p["metadata"]["name"].startswith("h-")
+    ]
+    assert sorted(m for g in grants for m in g.values()) == [500, 500, 500, 500]

@@ -312,3 +312,32 @@ def test_gpu_memory_request_is_sized_per_node(settings: PlacementSettings) -> No
     gangs = [make_gang("m", 1, queue="a", gpu_memory_mib=40000)]
     result = run(snapshot(nodes, QUEUES, gangs), settings)
     assert [(a.node, a.gpu_grant) for a in result.assignments] == [("large", ((0, 500),))]
+
+
+def test_lower_priority_stage_is_optimised_too() -> None:
+    nodes = [make_node("n0", labels={"zone": "a"}), make_node("n1", labels={"zone": "b"})]
+    top = [
+        make_gang(
+            n,
+            1,
+            queue="a",
+            gpus=8,
+            priority=100,
+            preemptible=True,
+            created=i,
+            selector={"zone": "a"},
+        )
+        for i, n in enumerate(["top-a", "top-b"])
+    ]
+    low = [
+        make_gang("first", 1, queue="a", gpus=5, priority=50, created=10),
+        make_gang("second", 1, queue="a", gpus=4, priority=50, created=11),
+        make_gang("third", 1, queue="a", gpus=4, priority=50, created=12),
+    ]
+    snap = snapshot(nodes, QUEUES, [*top, *low])
+    assert placed(run(snap, GREEDY)) == {"top-a", "first"}
+    assert placed(run(snap, CPSAT)) == {"top-a", "first"}  # lower tiers: greedy backfill
+    staged = PlacementSettings(time_limit_seconds=2.0, lower_tier_stages=True)
+    best = run(snap, staged)
+    assert placed(best) == {"top-a", "second", "third"}
+    assert best.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE)

@@ -87,6 +87,9 @@ def test_gangs_are_never_partly_bound(result: SimulationResult) -> None:
         pods = [result.cluster.pods[uid].pod for uid in record.pod_uids]
         started = [p for p in pods if p.bound]
         assert not started or len(started) >= record.gang.min_member, record.gang.key
+        # No elastic extras here: every pod of a gang was bound in one and the same cycle.
+        bound_at = {result.cluster.pods[uid].bound_at for uid in record.pod_uids}
+        assert len(bound_at) == 1, (record.gang.key, bound_at)
         if record.gang.key == "team-a/big-train":
             assert all(p.phase == PodPhase.PENDING and not p.bound for p in pods)
 
@@ -171,3 +174,30 @@ def test_reasons_example_hits_each_documented_reason() -> None:
     eval_job = by_job["eval"]
     assert eval_job.placed_at is not None and eval_job.placed_at >= 20 * 60
     assert eval_job.waited_code == "QueueLimit"
+
+
+def test_trace_mode_is_handed_to_replay(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``simulate --trace ...`` goes to scheduler.simulate.replay.run_trace, untouched."""
+    import argparse
+
+    import scheduler.simulate.replay as replay
+    from scheduler.simulate.__main__ import main
+
+    seen: list[argparse.Namespace] = []
+
+    def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--trace")
+        parser.add_argument("--nodes")
+
+    def run_trace(args: argparse.Namespace) -> int:
+        seen.append(args)
+        return 7
+
+    monkeypatch.setattr(replay, "add_trace_arguments", add_trace_arguments, raising=False)
+    monkeypatch.setattr(replay, "run_trace", run_trace, raising=False)
+    assert main(["--trace", "openb", "--nodes", "n.csv"]) == 7
+    assert seen[0].trace == "openb" and seen[0].nodes == "n.csv"
+    assert main([str(QUICKSTART), "--trace", "openb"]) == 2
+    assert "not both" in capsys.readouterr().err

@@ -136,10 +136,16 @@ def check(snap: Snapshot, placement: Placement) -> None:
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-@given(snapshots(), st.booleans())
-def test_placements_respect_every_hard_rule(snap: Snapshot, greedy_only: bool) -> None:
+@given(snapshots(), st.booleans(), st.booleans(), st.sampled_from(["binpack", "spread"]))
+def test_placements_respect_every_hard_rule(
+    snap: Snapshot, greedy_only: bool, staged: bool, strategy: str
+) -> None:
     settings_ = PlacementSettings(
-        greedy_only=greedy_only, time_limit_seconds=0.3, max_model_classes=2
+        gpu_strategy="spread" if strategy == "spread" else "binpack",
+        greedy_only=greedy_only,
+        time_limit_seconds=0.3,
+        max_model_classes=2,
+        lower_tier_stages=staged,
     )
     placement = solve(snap, settings_)
     check(snap, placement)

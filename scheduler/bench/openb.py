@@ -1,0 +1,167 @@
+"""``python -m scheduler.bench openb``: the FGD paper's experiment on the openb trace.
+
+Replays the default pod list on the GPU node list for seeds 42..51 (shuffle + inflation to
+130 % of GPU capacity, failed pods dropped, no departures), once per pod (``--batch 1``, the
+paper's rules) and once with 64 pods per cycle, and prints one JSON object: the median GPU
+allocation ratio at 100 % and 130 % arrived workload per batch size, next to the paper's
+published medians (Weng et al., ATC '23) and the targets. Runs use 2 worker processes.
+
+``upper_bound_at_100`` is a proof-based ceiling for any scheduler under these rules: a
+device that hosts a pod taking s > 500 thousandths keeps at most 1000 - s free, which only
+pods of at most 1000 - s can use; balancing that waste against dropping such pods gives
+the largest allocation the arrived pods allow (see :func:`share_gap_bound`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, cast
+
+from scheduler.cluster.node import GPU_MILLI
+from scheduler.simulate.replay import Policy, ReplaySettings, replay
+from scheduler.simulate.trace import (
+    DEFAULT_NODES,
+    DEFAULT_PODS,
+    MIX_KEYS,
+    TraceError,
+    TraceNode,
+    TracePod,
+    arrival_order,
+    default_trace_file,
+    gpu_capacity_milli,
+    load_nodes,
+    load_pods,
+    parse_mix,
+)
+
+__all__ = ["PAPER", "TARGETS", "add_parser", "run", "share_gap_bound"]
+
+#: Medians published by the FGD paper for the default trace (allocation % at 100 / 130 %).
+PAPER = {"BestFit": {"100": 92.91, "130": 93.11}, "FGD": {"100": 95.23, "130": 95.40}}
+#: What this scheduler aims for, per batch size.
+TARGETS = {"1": {"100": 95.23, "130": 95.40}, "64": {"100": 98.0, "130": 98.5}}
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the ``openb`` benchmark."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "openb", help="FGD paper experiment: openb trace replay, seeds 42-51"
+    )
+    p.add_argument("--nodes", help="node list CSV (default: shared openb GPU node list)")
+    p.add_argument("--pods", help="pod list CSV (default: shared openb default pod list)")
+    p.add_argument("--seeds", default="42-51", help="seed range A-B or list A,B,C")
+    p.add_argument("--batches", default="1,64", help="batch sizes to run")
+    p.add_argument("--inflate", type=float, default=1.3, help="GPU demand / capacity")
+    p.add_argument("--workers", type=int, default=2, help="worker processes")
+    p.add_argument("--policy", choices=["frag", "fgd", "bestfit"], default="frag")
+    p.add_argument("--mix", default=None, help=f"re-sample the pods; knobs {', '.join(MIX_KEYS)}")
+    return p
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        if "-" in text:
+            a, b = text.split("-", 1)
+            return list(range(int(a), int(b) + 1))
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise TraceError(f"--seeds {text!r}: use a range like 42-51 or a list like 42,43") from e
+
+
+def share_gap_bound(pods: Sequence[TracePod], capacity_milli: int) -> float:
+    """Upper bound (% of capacity) on allocated GPU after ``pods`` arrived, any scheduler.
+
+    For each share s > 500 (two never fit one device): with x of the n pods of share s
+    placed, allocated <= C - (1000 - s) x + T (T: all thousandths of pods small enough for
+    the leftovers) and allocated <= D - s (n - x) (D: arrived demand). The best x gives a
+    bound; the smallest bound over s is returned.
+    """
+    demand = sum(p.gpu_request_milli for p in pods)
+    best = float(min(demand, capacity_milli))
+    for s in sorted({p.gpu_milli for p in pods if p.fractional and p.gpu_milli > 500}):
+        n = sum(1 for p in pods if p.fractional and p.gpu_milli == s)
+        gap = GPU_MILLI - s
+        small = sum(p.gpu_milli for p in pods if p.fractional and p.gpu_milli <= gap)
+        x = min(max((capacity_milli + small - demand + s * n) / GPU_MILLI, 0.0), float(n))
+        bound = min(capacity_milli - gap * x + small, demand - s * (n - x))
+        best = min(best, bound)
+    return 100 * best / capacity_milli
+
+
+def _one(
+    job: tuple[list[TraceNode], list[TracePod], int, int, str, float, str | None],
+) -> dict[str, Any]:
+    nodes, pods, seed, batch, policy, inflate_to, mix = job
+    ordered = arrival_order(pods, nodes, seed=seed, inflate_to=inflate_to, mix=parse_mix(mix))
+    result = replay(nodes, ordered, ReplaySettings(batch=batch, policy=cast(Policy, policy)))
+    cap = gpu_capacity_milli(nodes)
+    arrived, prefix = 0, len(ordered)
+    for i, p in enumerate(ordered):
+        arrived += p.gpu_request_milli
+        if arrived >= cap:
+            prefix = i + 1
+            break
+    return {
+        "seed": seed,
+        "batch": batch,
+        "ratios": result.summary()["allocation_ratio_at_arrived"],
+        "bound100": round(share_gap_bound(ordered[:prefix], cap), 2),
+        "seconds": round(result.seconds, 1),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark; prints one JSON object. Exit code 0 (2 on bad input)."""
+    try:
+        nodes_path = args.nodes or default_trace_file(DEFAULT_NODES)
+        pods_path = args.pods or default_trace_file(DEFAULT_PODS)
+        if not nodes_path or not pods_path:
+            raise TraceError("--nodes and --pods are required (openb CSV files)")
+        nodes, pods = load_nodes(nodes_path), load_pods(pods_path)
+        seeds = _seeds(args.seeds)
+        batches = [int(b) for b in str(args.batches).split(",")]
+        parse_mix(args.mix)
+    except (TraceError, ValueError) as e:
+        print(f"openb: {e}", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    jobs = [
+        (nodes, pods, s, b, args.policy, args.inflate, args.mix) for b in batches for s in seeds
+    ]
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        runs = list(pool.map(_one, jobs))
+    out: dict[str, Any] = {
+        "benchmark": "openb",
+        "policy": args.policy,
+        "mix": args.mix or "default",
+        "seeds": seeds,
+        "inflate": args.inflate,
+        "paper_median": PAPER,
+        "batches": {},
+    }
+    for b in batches:
+        mine = [r for r in runs if r["batch"] == b]
+        med = {
+            k: round(statistics.median(r["ratios"][k] or 0.0 for r in mine), 2)
+            for k in ("100", "130")
+        }
+        entry: dict[str, Any] = {
+            "median": med,
+            "per_seed": {r["seed"]: [r["ratios"]["100"], r["ratios"]["130"]] for r in mine},
+            "upper_bound_at_100_median": round(statistics.median(r["bound100"] for r in mine), 2),
+            "max_run_seconds": max(r["seconds"] for r in mine),
+        }
+        target = TARGETS.get(str(b))
+        if target and not args.mix:
+            entry["target"] = target
+            entry["meets_target"] = {k: med[k] >= target[k] for k in ("100", "130")}
+        out["batches"][str(b)] = entry
+    out["total_seconds"] = round(time.perf_counter() - start, 1)
+    print(json.dumps(out))
+    return 0

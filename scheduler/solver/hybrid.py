@@ -1,0 +1,291 @@
+"""Greedy first, then CP-SAT stage by stage down the priority tiers.
+
+Stage 1 is the *frontier*: the highest priority where greedy left a gang out. Gangs above it
+stay admitted (greedy proved they fit together and priority dominates), their pods may move;
+gangs at the frontier are decided by CP-SAT. Each lower priority is then a stage of its
+own on what is left: greedy backfill gives the hint, CP-SAT improves it while the cycle's
+time budget lasts. Optional extras come last. When greedy admitted every gang, one stage
+improves placement quality only.
+
+The result is used only if it beats the plain greedy answer lexicographically by tier
+(fair-share work, then all work), which with keep-greedy-unless-strictly-better at every
+stage makes "never worse than greedy" hold by construction; the validator still checks it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from functools import partial
+from typing import cast
+
+import structlog
+
+from scheduler.cluster.pod import Pod
+from scheduler.cluster.resources import CPU, MEMORY
+from scheduler.cluster.snapshot import Snapshot
+from scheduler.framework.scoring import NodeScorer
+from scheduler.plugins.packing import PackingScorer
+from scheduler.solver.cpsat import UNITS, CpResult, ModelGang, optimize, work_units
+from scheduler.solver.greedy import (
+    GangRequest,
+    GreedyResult,
+    place_extra_pods,
+    place_gangs,
+    pod_size,
+)
+from scheduler.solver.patterns import ClassInfo, pack
+from scheduler.solver.placement import PlacementSettings, PodAssignment
+from scheduler.solver.problem import Problem
+from scheduler.solver.queues import QueueBook
+from scheduler.solver.state import ClassKey, ClusterState
+
+__all__ = ["admission_key", "current_classes", "improve", "model_classes"]
+
+log = structlog.get_logger(__name__)
+
+
+def current_classes(state: ClusterState) -> list[ClassInfo]:
+    """The node classes of ``state`` as it is now."""
+    return [
+        ClassInfo(key, state.nodes[next(iter(members))].node, list(members))
+        for key, members in state.classes.items()
+    ]
+
+
+def model_classes(initial: list[ClassInfo], touched: set[str], limit: int) -> list[ClassInfo]:
+    """Classes for the CP-SAT model, at most about ``limit`` of them.
+
+    When running pods leave every node a slightly different CPU/memory remainder, exact
+    classes approach one per node. Classes the greedy did not touch are then merged by
+    static traits, device state and *rounded-down* free CPU/memory, and the merged class
+    offers the smallest free amount of its members - so any pattern feasible for it is
+    feasible on each member, and the greedy hint (on classes kept exact) stays complete.
+    Buckets double until the count fits.
+    """
+    if len(initial) <= limit:
+        return initial
+    keep = [c for c in initial if touched.intersection(c.members)]
+    rest = [c for c in initial if not touched.intersection(c.members)]
+    bucket = {CPU: 1000, MEMORY: 2**30}
+    while True:
+        merged: dict[tuple[object, ...], list[ClassInfo]] = {}
+        for c in rest:
+            coarse = tuple((k, v // bucket[k] if k in bucket else v) for k, v in c.key[1])
+            merged.setdefault((c.key[0], coarse, c.key[2]), []).append(c)
+        if len(keep) + len(merged) <= limit or bucket[CPU] > 2**20:
+            break
+        bucket = {k: v * 2 for k, v in bucket.items()}
+    out = list(keep)
+    for (sid, _, gpu), group in merged.items():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        floor: dict[str, int] = dict(group[0].key[1])
+        for c in group[1:]:
+            for k, v in c.key[1]:
+                floor[k] = min(floor.get(k, v), v)
+        key: ClassKey = (cast(int, sid), tuple(sorted(floor.items())), cast(tuple[int, ...], gpu))
+        out.append(ClassInfo(key, group[0].node, [m for c in group for m in c.members]))
+    return out
+
+
+def _model_gang(g: GangRequest, fixed: bool) -> ModelGang:
+    units = work_units(g.ask)
+    return ModelGang(g, fixed, max(1, units["gpu"] or units["cpu"]), units, g.ask)
+
+
+def admission_key(problem: Problem, admitted: set[str]) -> tuple[tuple[int, int], ...]:
+    """Per priority (highest first): (work within fair share, all work) of ``admitted``.
+
+    The same measure as the model's objective, in the same units, so two answers can be
+    compared tier by tier.
+    """
+    gangs = [g for g in problem.order if g.required and g.key in admitted]
+    used: dict[str, dict[str, int]] = {}
+    out: list[tuple[int, int]] = []
+    for prio in sorted({g.priority for g in problem.order if g.required}, reverse=True):
+        tier = [g for g in gangs if g.priority == prio]
+        per_queue: dict[str, dict[str, int]] = {}
+        for g in tier:
+            row = per_queue.setdefault(g.queue, dict.fromkeys(UNITS, 0))
+            for r, v in work_units(g.ask).items():
+                row[r] += v
+        fair = 0
+        for q, units in per_queue.items():
+            status = problem.report.queues.get(q)
+            if status is None:
+                continue
+            for r, unit in UNITS.items():
+                room = status.fair_share.get(r, 0) - status.allocated.get(r, 0)
+                room = max(0, room - used.get(q, {}).get(r, 0)) // unit
+                fair += min(room, units[r])
+        for g in tier:
+            row = used.setdefault(g.queue, {})
+            for r, v in g.ask.items():
+                row[r] = row.get(r, 0) + v
+        work = sum(_model_gang(g, False).work for g in tier)
+        out.append((fair, work))
+    return tuple(out)
+
+
+def _apply_patterns(
+    state: ClusterState, node_pods: Mapping[str, list[Pod]], spread: bool
+) -> list[PodAssignment]:
+    """Concrete device grants for CP-SAT's per-node pod lists (canonical packing)."""
+    out: list[PodAssignment] = []
+    for name, pods in node_pods.items():
+        slot = state.nodes[name]
+        ordered = sorted(pods, key=pod_size, reverse=True)
+        grants = pack(slot.node, dict(slot.free), list(slot.gpu_free), ordered, spread=spread)
+        if grants is None:
+            raise ValueError(f"pattern does not fit node {name}")
+        for pod, grant in zip(ordered, grants, strict=True):
+            a = PodAssignment(pod.uid, pod.key, pod.gang, name, grant)
+            state.apply(a, pod)
+            out.append(a)
+    return out
+
+
+def _hint(
+    state: ClusterState, placed: Mapping[str, Sequence[PodAssignment]], gangs: Sequence[GangRequest]
+) -> dict[str, list[Pod]]:
+    """Node -> required pods the greedy put there, for the given gangs."""
+    out: dict[str, list[Pod]] = {}
+    for g in gangs:
+        for a in list(placed.get(g.key, ()))[: len(g.required)]:
+            out.setdefault(a.node, []).append(state.pods[a.pod_uid])
+    return out
+
+
+def improve(
+    snapshot: Snapshot,
+    problem: Problem,
+    state: ClusterState,
+    initial: list[ClassInfo],
+    greedy: GreedyResult,
+    scorer: NodeScorer,
+    settings: PlacementSettings,
+    cycle: int | None,
+) -> tuple[CpResult | None, list[PodAssignment] | None, str]:
+    """(first stage's result, improved assignments or None, status).
+
+    The status is the CP-SAT status of the first stage that improved, or GREEDY when only
+    re-running the greedy by tier did.
+
+    ``state`` has greedy's placement applied on entry and on return.
+    """
+    deadline = time.perf_counter() + settings.time_limit_seconds
+    spread = settings.gpu_strategy == "spread"
+    # The model's quality term is binpack/spread; with another scorer it judges admission only.
+    quality = isinstance(scorer, PackingScorer)
+    gangs = [g for g in problem.order if g.required]
+    admitted = {g.key for g in gangs if g.key in greedy.placed}
+    failed = [g.priority for g in gangs if g.key not in admitted]
+    frontier = max(failed) if failed else None
+    if not gangs or (frontier is None and not (settings.quality_when_all_admitted and quality)):
+        return None, None, ""
+    top = [g for g in gangs if frontier is None or g.priority >= frontier]
+    lower = [g for g in gangs if frontier is not None and g.priority < frontier]
+    by_priority: dict[int, list[GangRequest]] = {}
+    for g in lower:  # admission order may interleave priorities across queues; keep it
+        by_priority.setdefault(g.priority, []).append(g)
+    tiers = [by_priority[p] for p in sorted(by_priority, reverse=True)]
+
+    run = partial(
+        optimize,
+        tree=snapshot.queue_tree,
+        report=problem.report,
+        gpu_strategy=settings.gpu_strategy,
+        cpu_strategy=settings.cpu_strategy,
+        workers=settings.workers,
+        pattern_cap=settings.patterns_per_class,
+        quality=quality,
+        presolve=settings.presolve,
+        cycle=cycle,
+    )
+    hint = _hint(state, greedy.placed, top)
+    first = run(
+        classes=model_classes(initial, set(hint), settings.max_model_classes),
+        gangs=[_model_gang(g, frontier is None or g.priority > frontier) for g in top],
+        hint_nodes=hint,
+        hint_admitted=admitted & {g.key for g in top},
+        time_limit=deadline - time.perf_counter(),
+    )
+    first_better = first is not None and first.usable and first.objective > first.greedy_objective
+    lower_failed = settings.lower_tier_stages and any(g.key not in admitted for g in lower)
+    if not first_better and not lower_failed:
+        return first, None, ""
+    status = (first.status if first is not None else "") if first_better else ""
+
+    greedy_list = greedy.assignments
+    for a in reversed(greedy_list):
+        state.release(a.pod_uid)
+    out: list[PodAssignment] = []
+    try:
+        book = QueueBook(snapshot.queue_tree, problem.report)
+        if first_better and first is not None:
+            out += _apply_patterns(state, first.node_pods, spread)
+            now_admitted = set(first.admitted)
+        else:
+            now_admitted = admitted & {g.key for g in top}
+            for g in top:
+                for a in greedy.placed.get(g.key, [])[: len(g.required)]:
+                    state.apply(a)
+                    out.append(a)
+        for g in top:
+            if g.key in now_admitted:
+                book.charge(g.queue, g.ask)
+        for tier in tiers:
+            before = {q: dict(row) for q, row in book.charged.items()}
+            classes = current_classes(state)
+            back = place_gangs(
+                state, tier, scorer, book=book, extras=False, spread_devices=spread, cycle=cycle
+            )
+            chosen, chosen_admitted = back.assignments, set(back.placed)
+            left = deadline - time.perf_counter()
+            if settings.lower_tier_stages and len(back.placed) < len(tier) and left > 0.02:
+                hint = _hint(state, back.placed, tier)
+                stage = run(
+                    classes=model_classes(classes, set(hint), settings.max_model_classes),
+                    gangs=[_model_gang(g, False) for g in tier],
+                    hint_nodes=hint,
+                    hint_admitted=set(back.placed),
+                    time_limit=left,
+                    charged=before,
+                )
+                if stage is not None and stage.usable and stage.objective > stage.greedy_objective:
+                    for a in reversed(chosen):
+                        state.release(a.pod_uid)
+                    by_key = {g.key: g for g in tier}
+                    for key in back.placed:
+                        book.charge(by_key[key].queue, by_key[key].ask, -1)
+                    chosen = _apply_patterns(state, stage.node_pods, spread)
+                    chosen_admitted = set(stage.admitted)
+                    for key in chosen_admitted:
+                        book.charge(by_key[key].queue, by_key[key].ask)
+                    status = status or stage.status
+            out += chosen
+            now_admitted |= chosen_admitted
+        extra = place_extra_pods(
+            state, problem.order, now_admitted, scorer, book=book, spread_devices=spread
+        )
+        out += [a for pods in extra.values() for a in pods]
+    except ValueError as e:
+        log.error("cpsat_disaggregation_failed", cycle=cycle, error=str(e))
+        _restore(state, out, greedy_list)
+        return first, None, ""
+    _restore(state, out, greedy_list)
+    if not first_better and admission_key(problem, now_admitted) <= admission_key(
+        problem, admitted
+    ):
+        return first, None, ""
+    return first, out, status or "GREEDY"
+
+
+def _restore(state: ClusterState, out: list[PodAssignment], greedy: list[PodAssignment]) -> None:
+    """Put ``state`` back to greedy's placement."""
+    for a in reversed(out):
+        state.release(a.pod_uid)
+    for a in greedy:
+        state.apply(a)
