@@ -16,9 +16,10 @@ __all__ = ["Problem", "build_problem"]
 class Problem:
     """Pending gangs of one cycle.
 
-    ``order`` holds the gangs that may be placed, in admission order (priority, then
-    fairness); gangs that must not be scheduled (queue findings, too few pods created) are in
-    ``pending`` but not in ``order`` and are explained after the solve.
+    ``order`` holds the gangs that may be placed, in admission order (gang priority, then
+    the fairness order of :func:`scheduler.fairness.pending_gangs_in_order`); gangs that
+    must not be scheduled (queue findings, too few pods created) are in ``pending`` but not
+    in ``order`` and are explained after the solve.
     """
 
     snapshot: Snapshot
@@ -57,4 +58,7 @@ def build_problem(snapshot: Snapshot, report: FairShareReport) -> Problem:
                 extras=tuple(pods[need:]),
             )
         )
+    # Priority first, fairness order within a priority (the sort is stable): the objective's
+    # first level. Fairness orders queues, not priorities, so it may interleave them.
+    problem.order.sort(key=lambda g: -g.priority)
     return problem

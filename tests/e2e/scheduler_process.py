@@ -213,12 +213,23 @@ def wait_for(
     and the scheduler log tails."""
     deadline = time.monotonic() + timeout
     last: Any = None
+    procs = [logs] if isinstance(logs, SchedulerProcess) else list(logs or ())
     while True:
         last = check()
         if last:
             return last
+        died = [
+            p
+            for p in procs
+            if p.proc is not None and p.proc.returncode is None and p.proc.poll() is not None
+        ]
+        if died:
+            p = died[0]
+            raise AssertionError(
+                f"{p.name} exited with {p.proc and p.proc.returncode} while "
+                f"waiting for {what}:\n{p.log_tail(200)}"
+            )
         if time.monotonic() > deadline:
-            procs = [logs] if isinstance(logs, SchedulerProcess) else list(logs or ())
             tails = "\n".join(f"--- {p.name} log ---\n{p.log_tail()}" for p in procs)
             raise AssertionError(
                 f"timed out after {timeout}s waiting for {what}; last value {last!r}\n{tails}"

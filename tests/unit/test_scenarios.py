@@ -341,3 +341,13 @@ def test_lower_priority_stage_is_optimised_too() -> None:
     best = run(snap, staged)
     assert placed(best) == {"top-a", "second", "third"}
     assert best.status in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE)
+
+
+@BOTH
+def test_priority_beats_fairness_across_queues(settings: PlacementSettings) -> None:
+    queues = [make_queue("root"), make_queue("a", "root", gpu_quota=8), make_queue("b", "root")]
+    nodes = [make_node("n0")]
+    low = [make_gang(f"low{i}", 1, queue="a", gpus=2, priority=50, created=i) for i in range(4)]
+    high = make_gang("high", 1, queue="b", gpus=8, priority=80, created=99)
+    result = run(snapshot(nodes, queues, [*low, high]), settings)
+    assert placed(result) == {"high"}
