@@ -7,7 +7,7 @@ checks exact and let the CP-SAT model use the same numbers without scaling surpr
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from typing import Any
 
 from scheduler.cluster.quantity import QuantityError, to_int_units, to_milli
@@ -58,6 +58,24 @@ class Resources(Mapping[str, int]):
 
     def __getitem__(self, key: str) -> int:
         return self._items.get(key, 0)
+
+    # Mapping's generic views go through __getitem__ per key; the solver's per-pod loops over
+    # thousands of nodes are dominated by that, so delegate straight to the dict.
+    def get(self, key: str, default: int = 0) -> int:  # type: ignore[override]
+        """The amount of ``key``; absent resources are ``default`` (0: none requested)."""
+        return self._items.get(key, default)
+
+    def items(self) -> ItemsView[str, int]:
+        """(name, amount) pairs, non-zero only."""
+        return self._items.items()
+
+    def keys(self) -> KeysView[str]:
+        """Resource names with a non-zero amount."""
+        return self._items.keys()
+
+    def values(self) -> ValuesView[int]:
+        """Non-zero amounts."""
+        return self._items.values()
 
     def __contains__(self, key: object) -> bool:
         return key in self._items

@@ -86,6 +86,11 @@ class Snapshot:
         return dict(out)
 
     def node_states(self) -> dict[str, NodeState]:
+        """Per-node usage, computed once per snapshot (a fresh dict each call)."""
+        return dict(self._node_states)
+
+    @cached_property
+    def _node_states(self) -> dict[str, NodeState]:
         """Per node: resources used by active bound pods and free thousandths per GPU device.
 
         Pods bound to a node that is not in the snapshot are ignored here (they hold nothing

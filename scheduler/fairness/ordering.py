@@ -23,10 +23,25 @@ __all__ = ["gang_sort_key", "pending_gangs_in_order", "queue_sort_key"]
 QueueKey = tuple[int, float, int, float, str]
 
 
-def queue_sort_key(status: QueueStatus, extra: Mapping[str, int] | None = None) -> QueueKey:
-    """Sort key of a queue (lower goes first), with ``extra`` usage tentatively admitted."""
+def queue_sort_key(
+    status: QueueStatus,
+    extra: Mapping[str, int] | None = None,
+    ask: Mapping[str, int] | None = None,
+) -> QueueKey:
+    """Sort key of a queue (lower goes first), with ``extra`` usage tentatively admitted.
+
+    ``ask`` is what the queue's next gang would add: a queue counts as below its fair share
+    only if it stays within it after that gang, so a queue with no GPU share does not jump
+    ahead for GPU work just because its CPU share is unused.
+    """
+    if ask:
+        after = dict(extra or {})
+        add_usage(after, dict(ask))
+        below = status.within_fair_share(after)
+    else:
+        below = status.below_fair_share(extra)
     return (
-        0 if status.below_fair_share(extra) else 1,
+        0 if below else 1,
         status.dominant_share(extra),
         -status.priority,
         status.creation_time,
@@ -69,21 +84,28 @@ def pending_gangs_in_order(snapshot: Snapshot, report: FairShareReport) -> list[
     def status(name: str) -> QueueStatus:
         return report.queues.get(name) or QueueStatus(name=name)
 
-    keys: dict[str, QueueKey] = {q: queue_sort_key(status(q), extra[q]) for q in remaining}
+    def best(queues: list[str]) -> tuple[QueueKey, str, str]:
+        """The best of ``queues`` with its key and the gang it would admit next."""
+        ranked = []
+        for q in queues:
+            kids = [k for k in tree.children(q) if remaining.get(k)]
+            if kids:
+                _, _, head = best(kids)
+            else:
+                head = by_leaf[q][-1].key
+            ranked.append((queue_sort_key(status(q), extra[q], asks[head]), q, head))
+        return min(ranked)
+
     order: list[str] = []
     candidates = [r for r in tree.roots() if remaining.get(r)]
     while candidates:
-        current = min(candidates, key=keys.__getitem__)
-        while True:
-            kids = [k for k in tree.children(current) if remaining.get(k)]
-            if not kids:
-                break
-            current = min(kids, key=keys.__getitem__)
-        gang = by_leaf[current].pop()
-        order.append(gang.key)
-        for q in tree.ancestors(current):
+        _, _, head = best(candidates)
+        gang = snapshot.gang_by_key[head]
+        assert by_leaf[gang.queue][-1].key == head
+        by_leaf[gang.queue].pop()
+        order.append(head)
+        for q in tree.ancestors(gang.queue):
             remaining[q] -= 1
-            add_usage(extra[q], asks[gang.key])
-            keys[q] = queue_sort_key(status(q), extra[q])
+            add_usage(extra[q], asks[head])
         candidates = [r for r in candidates if remaining[r]]
     return order

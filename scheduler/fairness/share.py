@@ -84,6 +84,10 @@ class QueueStatus:
             under = under or used < fair
         return under
 
+    def within_fair_share(self, extra: Mapping[str, int] | None = None) -> bool:
+        """True when, with ``extra`` added, no resource is over the queue's fair share."""
+        return all(self._used(r, extra) <= self.fair_share.get(r, 0) for r in QUEUE_RESOURCES)
+
     def dominant_share(self, extra: Mapping[str, int] | None = None) -> float:
         """The largest ``used / fair_share`` over the resources (DRF relative to fair share).
 

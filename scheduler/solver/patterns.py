@@ -22,7 +22,7 @@ from scheduler.cluster.pod import Pod
 from scheduler.cluster.selectors import node_accepts
 from scheduler.plugins.packing import Strategy, node_cost
 from scheduler.solver.greedy import pod_size
-from scheduler.solver.state import ClassKey, pick_devices, pod_demand, raw
+from scheduler.solver.state import ClassKey, pick_devices, pod_demand
 
 __all__ = ["ClassInfo", "Pattern", "PatternSet", "canonical", "enumerate_patterns", "pack"]
 
@@ -79,7 +79,7 @@ def _demand(pod: Pod, node: Node) -> _Demand | None:
     d = pod_demand(pod, node)
     if d is None:
         return None
-    return (tuple(raw(d.requests).items()), d.gpu_count, d.gpu_milli)
+    return (tuple(d.requests.items()), d.gpu_count, d.gpu_milli)
 
 
 def pack(

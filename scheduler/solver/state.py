@@ -30,22 +30,11 @@ __all__ = [
     "NodeSlot",
     "pick_devices",
     "pod_demand",
-    "raw",
     "uses_node_name",
 ]
 
 #: (static traits id, sorted free resources, sorted free thousandths per device)
 ClassKey = tuple[int, tuple[tuple[str, int], ...], tuple[int, ...]]
-
-
-def raw(resources: Mapping[str, int]) -> Mapping[str, int]:
-    """The plain dict behind a :class:`Resources` (read-only use!), else the mapping itself.
-
-    ``Resources.items()`` goes through ``Mapping``'s generic views (an ``__getitem__`` per
-    key), which dominates the per-pod loops of a 5,000-node cycle.
-    """
-    inner = getattr(resources, "_items", None)
-    return inner if isinstance(inner, dict) else resources
 
 
 def uses_node_name(pod: Pod) -> bool:
@@ -62,14 +51,14 @@ def _plus_one_pod(requests: Resources) -> Resources:
 def pod_demand(pod: Pod, node: Node) -> PodDemand | None:
     """What ``pod`` takes from ``node``; None when its GPU share cannot be sized there."""
     requests = pod.requests
-    if raw(node.allocatable).get(PODS, 0) > 0:
+    if node.allocatable.get(PODS, 0) > 0:
         requests = _plus_one_pod(requests)
     if pod.gpu is not None:
         milli = pod.gpu.milli_on(node)
         if milli is None:
             return None
         return PodDemand(requests, pod.gpu.count, min(milli, GPU_MILLI))
-    whole = raw(pod.requests).get(GPU, 0)
+    whole = pod.requests.get(GPU, 0)
     if whole > 0:
         return PodDemand(requests, whole, GPU_MILLI)
     return PodDemand(requests)
@@ -119,7 +108,7 @@ class NodeSlot:
     def fits(self, demand: PodDemand) -> bool:
         """Resources fit (devices are checked by :func:`pick_devices`)."""
         free = self.free
-        return all(free.get(k, 0) >= v for k, v in raw(demand.requests).items() if v > 0)
+        return all(free.get(k, 0) >= v for k, v in demand.requests.items() if v > 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +159,7 @@ class ClusterState:
         """
         nodes = snapshot.nodes
         used: dict[str, dict[str, int]] = {n.name: {} for n in nodes}
-        gpu_free = {n.name: [GPU_MILLI] * raw(n.allocatable).get(GPU, 0) for n in nodes}
+        gpu_free = {n.name: [GPU_MILLI] * n.allocatable.get(GPU, 0) for n in nodes}
         bound: list[Pod] = []
         ungranted: list[Pod] = []
         # Same accounting as Snapshot.node_states, with plain dicts (this runs every cycle
@@ -180,7 +169,7 @@ class ClusterState:
                 continue
             bound.append(p)
             row = used[p.node_name]
-            requests = raw(p.requests)
+            requests = p.requests
             for k, v in requests.items():
                 row[k] = row.get(k, 0) + v
             row[PODS] = row.get(PODS, 0) + 1
@@ -205,7 +194,7 @@ class ClusterState:
         slots = []
         for n in nodes:
             row = used[n.name]
-            alloc = raw(n.allocatable)
+            alloc = n.allocatable
             free = {k: v - row.get(k, 0) for k, v in alloc.items()}
             slots.append(NodeSlot(n, free, gpu_free[n.name], 0))
         pending = [p for p in snapshot.pods if p.pending]
@@ -320,7 +309,7 @@ class ClusterState:
                     f"has no {milli} thousandths free"
                 )
         self._leave(slot)
-        for k, v in raw(demand.requests).items():
+        for k, v in demand.requests.items():
             slot.free[k] = slot.free.get(k, 0) - v
         for index, milli in assignment.gpu_grant:
             slot.gpu_free[index] -= milli
@@ -344,7 +333,7 @@ class ClusterState:
             pod = self.pods[pod_uid]
         slot = self.nodes[assignment.node]
         demand = self.demand_on(pod, slot)
-        requests: Mapping[str, int] = raw(demand.requests if demand else pod.requests)
+        requests: Mapping[str, int] = demand.requests if demand else pod.requests
         self._leave(slot)
         for k, v in requests.items():
             slot.free[k] = slot.free.get(k, 0) + v

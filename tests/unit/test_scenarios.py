@@ -137,22 +137,7 @@ def test_sibling_weights_split_surplus_two_to_one(settings: PlacementSettings) -
     assert got["a"] == 8000 and got["b"] == 4000
 
 
-@pytest.mark.parametrize(
-    "settings",
-    [
-        pytest.param(
-            GREEDY,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="fairness.pending_gangs_in_order counts 'lo' below fair share via its "
-                "CPU share, so greedy admits one 'lo' gang first; CP-SAT's fair-share term "
-                "fixes it",
-            ),
-        ),
-        CPSAT,
-    ],
-    ids=["greedy", "cpsat"],
-)
+@BOTH
 def test_higher_priority_queue_takes_surplus_first(settings: PlacementSettings) -> None:
     queues = [
         make_queue("root"),
