@@ -68,6 +68,7 @@ class Scheduler:
         self.stop = asyncio.Event()
         self.cycles = 0
         self.elector: LeaderElector | None = None
+        self.backend: LiveBackend | None = None
         self.cache = Cache(config.scheduler_name, config.default_queue)
 
     def is_leader(self) -> bool:
@@ -135,6 +136,7 @@ class Scheduler:
         backend = LiveBackend(
             self.cache, writer, is_leader=self.is_leader, metrics=self.metrics, grace=self._grace
         )
+        self.backend = backend
         tasks: dict[str, asyncio.Task[Any]] = {
             "watch": asyncio.create_task(watcher.run(), name="watch"),
             "cycle": asyncio.create_task(self._cycle_loop(watcher, backend), name="cycle"),
@@ -149,10 +151,10 @@ class Scheduler:
                 [stopper, *tasks.values()], return_when=asyncio.FIRST_COMPLETED
             )
             for task in done:
-                if task is stopper:
-                    continue
-                code = 1
                 error = None if task.cancelled() else task.exception()
+                if task is stopper or (self.stop.is_set() and error is None):
+                    continue  # a task that ended because we are stopping is no failure
+                code = 1
                 log.error(
                     "task_ended_unexpectedly",
                     task=task.get_name(),
@@ -171,6 +173,10 @@ class Scheduler:
         if cycle is not None and not cycle.done():
             with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(cycle), timeout=_SHUTDOWN_GRACE)
+        if self.backend is not None:
+            # Status writes in flight finish while the client is still open.
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self.backend.flush(), timeout=5.0)
         lease = tasks.get("lease")
         if lease is not None and not lease.done():
             # run() sees stop and releases the Lease itself; give it a moment.

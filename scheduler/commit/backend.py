@@ -1,9 +1,9 @@
 """The live backend of :func:`scheduler.cycle.run_cycle`: the cache in, the API server out.
 
 ``commit`` does, in this order: check leadership; bind every placed gang (each a transaction,
-gangs concurrently); evict gangs left partial past their grace period; then publish what users
-see (conditions, Events, PodGroup and Queue status, problems). Binding comes first so status
-writes never delay a pod's start.
+gangs concurrently); evict gangs left partial past their grace period; then start publishing
+what users see (conditions, Events, PodGroup and Queue status, problems) in the background, so
+status writes for a large backlog never delay the binds of the next cycle.
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ class LiveBackend:
         self.status = StatusPublisher(writer)
         self.cycle = 0
         self._led = True
+        self._status_task: asyncio.Task[None] | None = None
+        self._unpublished: dict[str, GangCommit] = {}
 
     async def snapshot(self) -> Snapshot:
         """The cache's snapshot (built on the loop; the cache keeps it cheap)."""
@@ -120,11 +122,39 @@ class LiveBackend:
         )
         if stale:
             await self._evict(stale, cycle)
-        if self.is_leader():
-            await self.status.publish(
-                snapshot, placement.outcomes, done, report, self.cache.problems(), cycle
+        self._unpublished.update({k: v for k, v in done.items() if v.bound or v.failed})
+        if self._status_task is None or self._status_task.done():
+            commits_to_tell, self._unpublished = self._unpublished, {}
+            self._status_task = asyncio.create_task(
+                self._publish(snapshot, placement, commits_to_tell, report, cycle),
+                name=f"status-{cycle}",
             )
         return self._result(commits)
+
+    async def _publish(
+        self,
+        snapshot: Snapshot,
+        placement: Placement,
+        commits: dict[str, GangCommit],
+        report: FairShareReport,
+        cycle: int,
+    ) -> None:
+        """Status writes of one cycle, in the background so the next cycle's binds never wait
+        for them. While one runs, later cycles skip theirs (the next one reports the newest
+        state) but keep their bind results, so no Scheduled Event is lost."""
+        if not self.is_leader():
+            return
+        try:
+            await self.status.publish(
+                snapshot, placement.outcomes, commits, report, self.cache.problems(), cycle
+            )
+        except Exception:
+            log.exception("status_publish_failed", cycle=cycle)
+
+    async def flush(self) -> None:
+        """Wait for the status writes in flight (tests, clean shutdown)."""
+        if self._status_task is not None:
+            await asyncio.gather(self._status_task, return_exceptions=True)
 
     @staticmethod
     def _result(commits: Sequence[GangCommit]) -> CommitResult:

@@ -10,7 +10,7 @@ with a count. Fit questions are then answered per shape, not per node.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     # Type only: scheduler.solver imports this package, so a runtime import would be circular.
     from scheduler.solver.placement import PodAssignment
 
-__all__ = ["FreeCapacity", "Matching", "Rules", "Shape", "pod_rules"]
+__all__ = ["FreeCapacity", "Matching", "NodeGroup", "Rules", "Shape", "pod_rules", "uses_node_name"]
 
 #: The placement rules of a pod, hashable: (tolerations, nodeSelector, affinity terms).
 Rules = tuple[tuple[Toleration, ...], tuple[tuple[str, str], ...], tuple[NodeSelectorTerm, ...]]
@@ -96,14 +96,52 @@ def _device_take(
         devices[best] -= milli
 
 
-class FreeCapacity:
-    """Per node free resources after ``assignments``, and rule matching with a cache."""
+#: One group of nodes as a caller that already aggregated them sees it: a member node
+#: (labels, taints, allocatable, device memory), its free resources and free thousandths per
+#: device, how many nodes share exactly that, and whether they take new pods.
+NodeGroup = tuple[Node, Iterable[tuple[str, int]], Iterable[int], int, bool]
 
-    def __init__(self, snapshot: Snapshot, assignments: Sequence[PodAssignment]) -> None:
+
+@dataclass
+class _Traits:
+    """Nodes with the same labels and taints (and name, when pods select by name)."""
+
+    node: Node
+    labels: dict[str, str]
+    size: int = 0
+    unschedulable: int = 0
+    shapes: Counter[Shape] = field(default_factory=Counter)
+
+
+def uses_node_name(pod: Pod) -> bool:
+    """True when the pod's required affinity names nodes (``matchFields metadata.name``)."""
+    return any(r.key == "metadata.name" for t in pod.affinity for r in t.requirements)
+
+
+class FreeCapacity:
+    """Free resources after ``assignments``, grouped by node traits, and rule matching with a
+    cache.
+
+    Matching a set of rules costs one check per group of nodes with equal labels and taints,
+    not one per node. Build it from a snapshot (``FreeCapacity(snapshot, assignments)``) or,
+    when the caller already grouped nodes (the solver's node classes), with
+    :meth:`from_groups` - then nothing is recomputed per node.
+    """
+
+    def __init__(
+        self, snapshot: Snapshot | None = None, assignments: Sequence[PodAssignment] = ()
+    ) -> None:
+        self.node_count = 0
+        self._traits: dict[tuple[object, ...], _Traits] = {}
+        self._cache: dict[Rules, Matching] = {}
+        self._alloc: dict[object, tuple[tuple[str, int], ...]] = {}
+        if snapshot is None:
+            return
+        by_name = any(uses_node_name(p) for p in snapshot.pods if p.pending)
         states = snapshot.node_states()
-        self.nodes: list[Node] = list(snapshot.nodes)
-        free: dict[str, dict[str, int]] = {name: dict(s.free.items()) for name, s in states.items()}
-        devices: dict[str, list[int]] = {name: list(s.gpu_free) for name, s in states.items()}
+        touched = {a.node for a in assignments if a.node in states}
+        free: dict[str, dict[str, int]] = {n: dict(states[n].free.items()) for n in touched}
+        devices: dict[str, list[int]] = {n: list(states[n].gpu_free) for n in touched}
         by_uid = {p.uid: p for p in snapshot.pods} if assignments else {}
         for a in assignments:
             pod = by_uid.get(a.pod_uid)
@@ -115,23 +153,53 @@ class FreeCapacity:
             count = pod.gpu.count if pod.gpu else pod.requests[GPU]
             milli = (pod.gpu.milli_on(node) if pod.gpu else None) or GPU_MILLI
             _device_take(devices[a.node], a.gpu_grant, count, milli)
-        self._shape: dict[str, Shape] = {}
-        for node in self.nodes:
-            self._shape[node.name] = Shape(
-                free=tuple(sorted((r, v) for r, v in free[node.name].items() if r != PODS)),
-                gpu_free=tuple(sorted(devices[node.name], reverse=True)),
-                gpu_memory_mib=node.gpu_memory_mib,
-                allocatable=tuple(sorted((r, v) for r, v in node.allocatable.items() if r != PODS)),
-            )
-        self._labels = [{**n.label_map, "metadata.name": n.name} for n in self.nodes]
-        self._by_taints: dict[tuple[Taint, ...], list[int]] = {}
-        for i, n in enumerate(self.nodes):
-            self._by_taints.setdefault(n.taints, []).append(i)
-        self._cache: dict[Rules, Matching] = {}
+        for name, st in states.items():
+            if name in touched:
+                self.add(st.node, free[name].items(), devices[name], 1, st.node.schedulable, by_name)
+            else:
+                self.add(st.node, st.free.items(), st.gpu_free, 1, st.node.schedulable, by_name)
 
-    def shape(self, node: str) -> Shape:
-        """The free shape of one node."""
-        return self._shape[node]
+    @classmethod
+    def from_groups(cls, groups: Iterable[NodeGroup], *, by_name: bool = False) -> FreeCapacity:
+        """Free capacity from pre-grouped nodes (see :data:`NodeGroup`); ``by_name`` keeps
+        nodes apart for rules that select nodes by name."""
+        out = cls()
+        for node, free, gpu_free, count, schedulable in groups:
+            out.add(node, free, gpu_free, count, schedulable, by_name)
+        return out
+
+    def add(
+        self,
+        node: Node,
+        free: Iterable[tuple[str, int]],
+        gpu_free: Iterable[int],
+        count: int,
+        schedulable: bool,
+        by_name: bool,
+    ) -> None:
+        """Add ``count`` nodes like ``node`` with the given free state."""
+        key = (node.labels, node.taints, node.name if by_name else "")
+        traits = self._traits.get(key)
+        if traits is None:
+            labels = {**node.label_map, "metadata.name": node.name}
+            traits = self._traits[key] = _Traits(node, labels)
+        traits.size += count
+        self.node_count += count
+        if not schedulable:
+            traits.unschedulable += count
+            return
+        alloc = self._alloc.get(node.allocatable)
+        if alloc is None:
+            alloc = tuple(sorted((r, v) for r, v in node.allocatable.items() if r != PODS))
+            self._alloc[node.allocatable] = alloc
+        shape = Shape(
+            free=tuple(sorted((r, v) for r, v in free if r != PODS)),
+            gpu_free=tuple(sorted(gpu_free, reverse=True)),
+            gpu_memory_mib=node.gpu_memory_mib,
+            allocatable=alloc,
+        )
+        traits.shapes[shape] += count
+        self._cache.clear()
 
     def matching(self, rules: Rules) -> Matching:
         """The nodes ``rules`` allow (cached per distinct rules)."""
@@ -144,28 +212,24 @@ class FreeCapacity:
     def _match(self, rules: Rules) -> Matching:
         tolerations, selector, terms = rules
         out = Matching()
-        for taints, indices in self._by_taints.items():
-            allowed = tolerates(tolerations, taints)
-            for i in indices:
-                labels = self._labels[i]
-                if selector and not node_selector_matches(selector, labels):
-                    continue
-                out.selector_ok += 1
-                if terms and not affinity_matches(terms, labels):
-                    continue
-                out.affinity_ok += 1
-                if not allowed:
-                    for t in taints:
-                        if t.effect != "PreferNoSchedule" and not any(
-                            tol.tolerates(t) for tol in tolerations
-                        ):
-                            out.blocking_taints[t] += 1
-                    continue
-                node = self.nodes[i]
-                if not node.schedulable:
-                    out.unschedulable += 1
-                    continue
-                out.shapes[self._shape[node.name]] += 1
+        for traits in self._traits.values():
+            labels = traits.labels
+            if selector and not node_selector_matches(selector, labels):
+                continue
+            out.selector_ok += traits.size
+            if terms and not affinity_matches(terms, labels):
+                continue
+            out.affinity_ok += traits.size
+            taints = traits.node.taints
+            if not tolerates(tolerations, taints):
+                for t in taints:
+                    if t.effect != "PreferNoSchedule" and not any(
+                        tol.tolerates(t) for tol in tolerations
+                    ):
+                        out.blocking_taints[t] += traits.size
+                continue
+            out.unschedulable += traits.unschedulable
+            out.shapes.update(traits.shapes)
         return out
 
 

@@ -21,6 +21,7 @@ NotPlacedThisCycle     the gang fits what is free now; it came too late in this 
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
@@ -78,13 +79,15 @@ class _Explainer:
         snapshot: Snapshot,
         report: FairShareReport,
         assignments: Sequence[PodAssignment],
+        now: FreeCapacity | None = None,
+        before: FreeCapacity | None = None,
     ) -> None:
         self.snapshot = snapshot
         self.report = report
         self.assignments = assignments
         self.tree = snapshot.queue_tree
-        self.now = FreeCapacity(snapshot, assignments)
-        self._before: FreeCapacity | None = None
+        self.now = now if now is not None else FreeCapacity(snapshot, assignments)
+        self._before: FreeCapacity | None = before
         self.charged: dict[str, dict[str, int]] = defaultdict(dict)
         #: Leaf queue -> pods placed in it this cycle.
         self.placed_in: Counter[str] = Counter()
@@ -99,7 +102,9 @@ class _Explainer:
             usage = pod_queue_usage(pod)
             for q in self.tree.ancestors(queue) if queue in self.tree else [queue]:
                 add_usage(self.charged[q], usage)
-        self._fit_cache: dict[tuple[object, ...], tuple[str, str] | None] = {}
+        self._fit_cache: dict[tuple[object, ...], tuple[tuple[str, str] | None, str]] = {}
+        #: gang class -> (code, message, names in the message) for the first gang of a class
+        self._class_cache: dict[tuple[object, ...], tuple[str, str, list[str]]] = {}
 
     @property
     def before(self) -> FreeCapacity:
@@ -127,6 +132,24 @@ class _Explainer:
                 f"(minMember {gang.min_member})",
             )
         to_place = pods[: max(need, 1)]
+        # Everything below depends only on the queue, preemptibility and the pods' shapes and
+        # rules (the state looked at is fixed for the call): answer once per such class and
+        # re-render the names for the other gangs of the class.
+        signature = (
+            gang.queue,
+            gang.preemptible,
+            tuple((pod_rules(p), p.requests, p.gpu) for p in to_place),
+        )
+        names = [key, *(p.key for p in to_place)]
+        cached = self._class_cache.get(signature)
+        if cached is not None:
+            code, message, first = cached
+            return (code, _rename(message, first, names))
+        code, message = self._explain_class(key, gang, to_place)
+        self._class_cache[signature] = (code, message, names)
+        return (code, message)
+
+    def _explain_class(self, key: str, gang: Gang, to_place: list[Pod]) -> tuple[str, str]:
         problem = queue_admission_problem(
             self.tree,
             self.report,
@@ -143,7 +166,7 @@ class _Explainer:
         for rules, group in groups.items():
             m = self.now.matching(rules)
             if not m.shapes:
-                return (NO_MATCHING_NODE, _no_match_message(group[0], m, len(self.now.nodes)))
+                return (NO_MATCHING_NODE, _no_match_message(group[0], m, self.now.node_count))
         capacity_problem = self._capacity_problem(groups, self.now)
         if capacity_problem is None:
             return (
@@ -163,10 +186,10 @@ class _Explainer:
             for p in group:
                 cache_key = (id(free), rules, p.requests, p.gpu)
                 if cache_key not in self._fit_cache:
-                    self._fit_cache[cache_key] = pod_misfit(p, m)
-                misfit = self._fit_cache[cache_key]
+                    self._fit_cache[cache_key] = (pod_misfit(p, m), p.key)
+                misfit, named = self._fit_cache[cache_key]
                 if misfit is not None:
-                    return misfit
+                    return (misfit[0], _rename(misfit[1], [named], [p.key]))
         pods = [p for g in groups.values() for p in g]
         for rules, group in groups.items():
             short = gang_shortfall(group, free.matching(rules), total_pods=len(pods))
@@ -198,16 +221,37 @@ class _Explainer:
         return f"{base} (queue {winner})"
 
 
+def _rename(message: str, first: list[str], names: list[str]) -> str:
+    """``message`` written for names ``first`` (gang key, pod keys), for ``names`` instead.
+
+    One pass, longest name first, so a gang key that prefixes its pods' keys is not
+    replaced inside them.
+    """
+    found = [i for i, n in enumerate(first) if n in message and n != names[i]]
+    if not found:
+        return message
+    if len(found) == 1:  # the common case: one name, not part of another one in the text
+        return message.replace(first[found[0]], names[found[0]])
+    mapping = {first[i]: names[i] for i in found}
+    pattern = re.compile("|".join(re.escape(n) for n in sorted(mapping, key=len, reverse=True)))
+    return pattern.sub(lambda m: mapping[m.group(0)], message)
+
+
 def explain_unplaced(
     snapshot: Snapshot,
     report: FairShareReport,
     assignments: Sequence[PodAssignment],
     gangs: Iterable[str],
+    *,
+    now: FreeCapacity | None = None,
+    before: FreeCapacity | None = None,
 ) -> dict[str, tuple[str, str]]:
     """Gang key -> (reason_code, message) for each of ``gangs`` (pending, not placed).
 
     ``assignments`` are this cycle's placements: the explanation describes the cluster and
-    queues after them.
+    queues after them. A caller that already knows the free capacity after the assignments
+    (``now``) and before them (``before``) passes it (see :meth:`FreeCapacity.from_groups`)
+    instead of having it recomputed from the snapshot.
     """
-    explainer = _Explainer(snapshot, report, assignments)
+    explainer = _Explainer(snapshot, report, assignments, now, before)
     return {key: explainer.explain(key) for key in gangs}

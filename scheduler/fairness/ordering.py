@@ -84,17 +84,23 @@ def pending_gangs_in_order(snapshot: Snapshot, report: FairShareReport) -> list[
     def status(name: str) -> QueueStatus:
         return report.queues.get(name) or QueueStatus(name=name)
 
+    # A queue's entry (its sort key and the gang it would admit next) depends only on its
+    # own subtree: cache it and drop only the entries on the path of the admitted gang.
+    entries: dict[str, tuple[QueueKey, str, str]] = {}
+    children = {q: tree.children(q) for q in remaining}
+    chains = {leaf: tree.ancestors(leaf) for leaf in by_leaf}
+
+    def entry(q: str) -> tuple[QueueKey, str, str]:
+        found = entries.get(q)
+        if found is None:
+            kids = [k for k in children[q] if remaining.get(k)]
+            head = best(kids)[2] if kids else by_leaf[q][-1].key
+            found = entries[q] = (queue_sort_key(status(q), extra[q], asks[head]), q, head)
+        return found
+
     def best(queues: list[str]) -> tuple[QueueKey, str, str]:
         """The best of ``queues`` with its key and the gang it would admit next."""
-        ranked = []
-        for q in queues:
-            kids = [k for k in tree.children(q) if remaining.get(k)]
-            if kids:
-                _, _, head = best(kids)
-            else:
-                head = by_leaf[q][-1].key
-            ranked.append((queue_sort_key(status(q), extra[q], asks[head]), q, head))
-        return min(ranked)
+        return min(entry(q) for q in queues)
 
     order: list[str] = []
     candidates = [r for r in tree.roots() if remaining.get(r)]
@@ -104,8 +110,9 @@ def pending_gangs_in_order(snapshot: Snapshot, report: FairShareReport) -> list[
         assert by_leaf[gang.queue][-1].key == head
         by_leaf[gang.queue].pop()
         order.append(head)
-        for q in tree.ancestors(gang.queue):
+        for q in chains[gang.queue]:
             remaining[q] -= 1
             add_usage(extra[q], asks[head])
+            entries.pop(q, None)
         candidates = [r for r in candidates if remaining[r]]
     return order

@@ -56,13 +56,20 @@ def queue_usage(snapshot: Snapshot) -> QueueUsage:
     """
     allocated: defaultdict[str, dict[str, int]] = defaultdict(_zeros)
     pending: defaultdict[str, dict[str, int]] = defaultdict(_zeros)
+    gangs = snapshot.gang_by_key
     for pod in snapshot.pods:
         if not pod.managed or not pod.active:
             continue
         if pod.bound:
-            add_usage(allocated[pod_queue(snapshot, pod)], pod_queue_usage(pod))
+            into = allocated
         elif pod.pending:
-            add_usage(pending[pod_queue(snapshot, pod)], pod_queue_usage(pod))
+            into = pending
+        else:
+            continue
+        gang = gangs.get(pod.gang)  # pod_queue, inlined: this loop sees every pod
+        row = into[gang.queue if gang is not None else pod.queue]
+        for r, v in pod_queue_usage(pod).items():
+            row[r] += v
     return QueueUsage(allocated, pending)
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "MixArrays",
     "TaskType",
     "WorkloadMix",
+    "candidate_fragmentation",
     "device_sums",
     "fragmentation",
 ]
@@ -301,9 +302,6 @@ def candidate_fragmentation(
     )
     g = free_total[cand.node] - cand.mult * (cand.before - cand.after)
     return fragmentation(mix, g, after, cpu_after, mem_after, model[cand.node])
-
-
-__all__ += ["candidate_fragmentation"]
 
 
 class FragmentationScorer:

@@ -49,7 +49,9 @@ def node_cost(
     """Quality cost of a node in the given state (see the module docstring)."""
     if gpu_free:
         total = GPU_MILLI * len(gpu_free)
-        free_milli = sum(max(0, f) for f in gpu_free)
+        free_milli = sum(gpu_free)
+        if min(gpu_free) < 0:  # overcommitted device: count it as full, not below
+            free_milli = sum(max(0, f) for f in gpu_free)
         used = total - free_milli
         if gpu_strategy == "spread":
             u = _eighths(used, total)
@@ -107,7 +109,8 @@ class PackingScorer:
         after = node_cost_after(node, demand, grant, self.gpu_strategy, self.cpu_strategy)
         gpus = node.gpu_free
         if gpus:
-            left = (sum(max(0, f) for f in gpus) - sum(m for _, m in grant)) / (
+            free_milli = sum(gpus) if min(gpus) >= 0 else sum(max(0, f) for f in gpus)
+            left = (free_milli - sum(m for _, m in grant)) / (
                 GPU_MILLI * len(gpus)
             )
             strategy = self.gpu_strategy

@@ -25,7 +25,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -36,6 +36,7 @@ from scheduler.cluster.node import GPU_MILLI
 from scheduler.plugins.fragmentation import (
     Candidates,
     DeviceTerms,
+    FragmentationScorer,
     Measure,
     MixArrays,
     TaskType,
@@ -45,17 +46,13 @@ from scheduler.plugins.fragmentation import (
     fragmentation,
 )
 from scheduler.simulate.trace import (
-    DEFAULT_NODES,
-    DEFAULT_PODS,
-    MIX_KEYS,
     TraceError,
     TraceNode,
     TracePod,
-    arrival_order,
-    default_trace_file,
-    load_nodes,
-    load_pods,
-    parse_mix,
+    add_trace_arguments,
+    load_trace_args,
+    to_node,
+    to_pod,
 )
 
 __all__ = [
@@ -99,9 +96,6 @@ class ReplaySettings:
     cpu_only_in_mix: bool = True
     measure: Measure = "mixed"
     coverage: float = 1.0
-    #: Batch cycles: weight of the cycle's own pods in the target workload, relative to
-    #: everything seen before (0 = none).
-    batch_lookahead: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,45 +341,90 @@ def _place_cycle(
     return plan
 
 
-def replay(
-    nodes: Sequence[TraceNode], pods: Sequence[TracePod], settings: ReplaySettings
-) -> ReplayResult:
-    """Replay ``pods`` (in arrival order) onto ``nodes``; see the module docstring."""
-    if settings.batch < 1:
-        raise ValueError(f"--batch is {settings.batch}; it must be at least 1")
-    start = time.perf_counter()
-    cluster = _Cluster(nodes)
+#: One cycle's outcome per pod: node name (None = not placed) and device grant.
+Outcome = tuple[TracePod, str | None, tuple[tuple[int, int], ...]]
+CycleEngine = Callable[[int, list[TracePod]], list[Outcome]]
+
+
+def _mix_for(settings: ReplaySettings) -> WorkloadMix:
     frag = settings.policy == "frag"
-    mix = WorkloadMix(
+    return WorkloadMix(
         weighting="gpu" if frag and settings.gpu_weighted else "count",
         include_cpu_only=settings.cpu_only_in_mix or not frag,
         measure=settings.measure if frag else "single",
         coverage=settings.coverage,
     )
-    capacity = int(cluster.gpu.sum())
+
+
+def _array_engine(nodes: Sequence[TraceNode], settings: ReplaySettings) -> CycleEngine:
+    """The vectorised engine (the benchmark's)."""
+    cluster = _Cluster(nodes)
+    mix = _mix_for(settings)
+    since_refresh = settings.refresh_every
+
+    def place(cycle: int, batch: list[TracePod]) -> list[Outcome]:
+        nonlocal since_refresh
+        mix.extend(_task(p) for p in batch)
+        since_refresh += len(batch)
+        if cluster.mix_arrays is None or since_refresh >= settings.refresh_every:
+            cluster.refresh(mix.arrays(cluster.models))
+            since_refresh = 0
+        return [
+            (p, cluster.names[n] if n >= 0 else None, grant)
+            for p, n, grant in _place_cycle(cluster, batch, settings)
+        ]
+
+    return place
+
+
+def _solver_engine(nodes: Sequence[TraceNode], settings: ReplaySettings) -> CycleEngine:
+    """Each cycle through the live scheduler's greedy (:func:`scheduler.solver.place_gangs`)
+    with :class:`FragmentationScorer` plugged in; every pod is its own implicit gang.
+    Slow (Python calls per node class): meant for small traces and cross-checks."""
+    from scheduler.cluster.snapshot import Snapshot
+    from scheduler.solver import ClusterState, GangRequest, place_gangs
+
+    state = ClusterState.from_snapshot(Snapshot(nodes=tuple(to_node(n) for n in nodes)))
+    scorer = FragmentationScorer(_mix_for(settings))
+
+    def place(cycle: int, batch: list[TracePod]) -> list[Outcome]:
+        scorer.mix.extend(_task(p) for p in batch)
+        domain = {p.name: to_pod(p) for p in batch}
+        gangs = [GangRequest(d.gang, d.queue, required=(d,)) for d in domain.values()]
+        result = place_gangs(state, gangs, scorer, cycle=cycle)
+        done = {a.pod_uid: a for a in result.assignments}
+        return [
+            (p, done[p.name].node, done[p.name].gpu_grant) if p.name in done else (p, None, ())
+            for p in batch
+        ]
+
+    return place
+
+
+def replay(
+    nodes: Sequence[TraceNode],
+    pods: Sequence[TracePod],
+    settings: ReplaySettings,
+    *,
+    engine: Literal["arrays", "solver"] = "arrays",
+) -> ReplayResult:
+    """Replay ``pods`` (in arrival order) onto ``nodes``; see the module docstring.
+
+    ``engine="solver"`` runs every cycle through the live greedy instead (``frag`` policy
+    only; much slower).
+    """
+    if settings.batch < 1:
+        raise ValueError(f"--batch is {settings.batch}; it must be at least 1")
+    start = time.perf_counter()
+    place = (_solver_engine if engine == "solver" else _array_engine)(nodes, settings)
+    capacity = sum(n.gpus for n in nodes) * GPU_MILLI
     placements: list[TracePlacement] = []
     ratios: dict[int, float | None] = dict.fromkeys(CHECKPOINTS)
     pending: list[str] = []
     dropped: list[str] = []
     arrived = allocated = 0
-    since_refresh = settings.refresh_every
     cycle = 0
     for cycle, batch in enumerate(_batches(pods, settings.batch)):
-        mix.extend(_task(p) for p in batch)
-        since_refresh += len(batch)
-        if len(batch) > 1 and settings.batch_lookahead > 0:
-            # The cycle knows its pods: weigh them into the target workload (as much as
-            # everything seen before, times batch_lookahead) for this cycle only.
-            w = settings.batch_lookahead * sum(mix.counts.values()) / len(batch)
-            for p in batch:
-                mix.add(_task(p), w)
-            cluster.refresh(mix.arrays(cluster.models))
-            for p in batch:
-                mix.add(_task(p), -w)
-            since_refresh = 0
-        elif cluster.mix_arrays is None or since_refresh >= settings.refresh_every:
-            cluster.refresh(mix.arrays(cluster.models))
-            since_refresh = 0
         crossed: list[int] = []
         for p in batch:
             arrived += p.gpu_request_milli
@@ -396,12 +435,12 @@ def replay(
             ]
         # Pods left waiting from earlier cycles are not retried: nothing ever departs, so free
         # capacity only shrinks and a pod that did not fit then cannot fit now.
-        for p, n, grant in _place_cycle(cluster, batch, settings):
-            if n < 0:
+        for p, node, grant in place(cycle, batch):
+            if node is None:
                 (dropped if settings.drop_unplaced else pending).append(p.name)
                 continue
             allocated += p.gpu_request_milli
-            placements.append(TracePlacement(p.name, cluster.names[n], grant, cycle))
+            placements.append(TracePlacement(p.name, node, grant, cycle))
         for c in crossed:
             ratios[c] = 100 * allocated / capacity if capacity else 0.0
     return ReplayResult(
@@ -432,48 +471,7 @@ def write_placements(path: str | Path, placements: Sequence[TracePlacement]) -> 
             )
 
 
-# --- command line (``kai-scheduler simulate --trace openb``) -------------------------------
-
-
-def _has_option(parser: argparse.ArgumentParser, flag: str) -> bool:
-    return any(flag in a.option_strings for a in parser._actions)
-
-
-def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the trace-replay flags to ``parser`` (skipping any it already has, e.g. --json)."""
-    g = parser.add_argument_group("trace replay (--trace openb)")
-    g.add_argument("--trace", choices=["openb"], default=None, help="replay a trace")
-    g.add_argument("--nodes", metavar="NODES.csv", help="openb node list")
-    g.add_argument("--pods", metavar="PODS.csv", help="openb pod list")
-    g.add_argument("--shuffle-seed", type=int, default=None, metavar="S", help="shuffle pods")
-    g.add_argument(
-        "--inflate",
-        type=float,
-        default=None,
-        metavar="X",
-        help="append re-sampled pods until GPU demand is X times capacity (e.g. 1.3)",
-    )
-    g.add_argument("--batch", type=int, default=1, metavar="B", help="pods per cycle")
-    g.add_argument(
-        "--drop-unplaced",
-        action="store_true",
-        help="drop a pod not placed in the first cycle that sees it (FGD paper rule)",
-    )
-    g.add_argument("--placements", metavar="OUT.jsonl", help="write one line per placed pod")
-    g.add_argument(
-        "--mix",
-        default=None,
-        metavar="KNOB=SHARE,...",
-        help=f"re-sample the pod list first; knobs: {', '.join(MIX_KEYS)}",
-    )
-    g.add_argument(
-        "--policy",
-        choices=["frag", "fgd", "bestfit"],
-        default="frag",
-        help="placement policy (frag: ours; fgd/bestfit: baselines)",
-    )
-    if not _has_option(parser, "--json"):
-        g.add_argument("--json", action="store_true", help="print the summary as JSON")
+# --- command line (``kai-scheduler simulate --trace openb``; flags: trace.add_trace_arguments)
 
 
 def settings_from_args(args: argparse.Namespace) -> ReplaySettings:
@@ -483,23 +481,16 @@ def settings_from_args(args: argparse.Namespace) -> ReplaySettings:
     )
 
 
-def load_trace_args(args: argparse.Namespace) -> tuple[list[TraceNode], list[TracePod]]:
-    """Nodes and the arrival-ordered pods the flags describe. Raises TraceError."""
-    nodes_path = args.nodes or default_trace_file(DEFAULT_NODES)
-    pods_path = args.pods or default_trace_file(DEFAULT_PODS)
-    if not nodes_path or not pods_path:
-        raise TraceError("--nodes and --pods are required (openb CSV files)")
-    if args.batch < 1:
-        raise TraceError(f"--batch is {args.batch}; it must be at least 1")
-    nodes = load_nodes(nodes_path)
-    pods = arrival_order(
-        load_pods(pods_path),
-        nodes,
-        seed=args.shuffle_seed,
-        inflate_to=args.inflate,
-        mix=parse_mix(args.mix),
+def _quiet_logs() -> None:
+    """The greedy logs every unplaced gang at debug level; keep stdout for the summary."""
+    import logging
+
+    import structlog
+
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )
-    return nodes, pods
 
 
 def run_trace(args: argparse.Namespace) -> int:
@@ -509,7 +500,14 @@ def run_trace(args: argparse.Namespace) -> int:
     except TraceError as e:
         print(f"kai-scheduler simulate: {e}", file=sys.stderr)
         return 2
-    result = replay(nodes, pods, settings_from_args(args))
+    if args.engine == "solver" and args.policy != "frag":
+        print(
+            "kai-scheduler simulate: --engine solver supports --policy frag only", file=sys.stderr
+        )
+        return 2
+    if args.engine == "solver":
+        _quiet_logs()
+    result = replay(nodes, pods, settings_from_args(args), engine=args.engine)
     if args.placements:
         try:
             write_placements(args.placements, result.placements)
@@ -517,7 +515,12 @@ def run_trace(args: argparse.Namespace) -> int:
             print(f"kai-scheduler simulate: --placements {args.placements}: {e}", file=sys.stderr)
             return 2
     summary = result.summary()
-    summary.update(policy=args.policy, batch=args.batch, drop_unplaced=bool(args.drop_unplaced))
+    summary.update(
+        policy=args.policy,
+        engine=args.engine,
+        batch=args.batch,
+        drop_unplaced=bool(args.drop_unplaced),
+    )
     if getattr(args, "json", False):
         print(json.dumps(summary))
         return 0

@@ -15,26 +15,40 @@ A replay takes the pods in file order after three optional, seeded steps:
 
 from __future__ import annotations
 
+import argparse
 import csv
+import os
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from scheduler.cluster.node import GPU_MILLI
+from scheduler.cluster.node import GPU_MILLI, GPU_MODEL_LABEL, Node
+from scheduler.cluster.pod import GpuRequest, Pod
+from scheduler.cluster.resources import CPU, GPU, MEMORY, Resources
+from scheduler.cluster.selectors import NodeSelectorRequirement, NodeSelectorTerm
 
 __all__ = [
+    "DEFAULT_NODES",
+    "DEFAULT_OPENB_DIR",
+    "DEFAULT_PODS",
     "MIX_KEYS",
     "TraceError",
     "TraceNode",
     "TracePod",
+    "add_trace_arguments",
+    "arrival_order",
+    "default_trace_file",
     "gpu_capacity_milli",
     "inflate",
     "load_nodes",
     "load_pods",
+    "load_trace_args",
     "parse_mix",
     "remix",
     "shuffle_pods",
+    "to_node",
+    "to_pod",
 ]
 
 #: Knobs accepted by :func:`remix` / ``--mix``: the share each kind of pod should have.
@@ -299,8 +313,6 @@ DEFAULT_PODS = "openb_pod_list_default.csv"
 
 def default_trace_file(name: str) -> str | None:
     """The default openb file ``name`` if it exists (``$KAI_OPENB_DIR`` or the shared copy)."""
-    import os
-
     path = Path(os.environ.get("KAI_OPENB_DIR", DEFAULT_OPENB_DIR)) / name
     return str(path) if path.is_file() else None
 
@@ -326,5 +338,103 @@ def arrival_order(
     return out
 
 
-__all__ += ["DEFAULT_NODES", "DEFAULT_OPENB_DIR", "DEFAULT_PODS", "arrival_order"]
-__all__ += ["default_trace_file"]
+def to_node(node: TraceNode) -> Node:
+    """The trace node as a domain :class:`Node` (GPU model in the GPU product label)."""
+    labels = ((GPU_MODEL_LABEL, node.model),) if node.model else ()
+    allocatable = {CPU: node.cpu_milli, MEMORY: node.memory_mib << 20, GPU: node.gpus}
+    return Node(node.name, Resources(allocatable), labels=labels)
+
+
+def to_pod(pod: TracePod, namespace: str = "trace", queue: str = "trace") -> Pod:
+    """The trace task as a pending domain :class:`Pod`, its own implicit gang.
+
+    ``gpu_spec`` becomes required node affinity on the GPU model label; whole-GPU pods ask
+    ``nvidia.com/gpu``, fractional ones carry only the :class:`GpuRequest`.
+    """
+    requests = {CPU: pod.cpu_milli, MEMORY: pod.memory_mib << 20}
+    if pod.num_gpu and not pod.fractional:
+        requests[GPU] = pod.num_gpu
+    affinity: tuple[NodeSelectorTerm, ...] = ()
+    if pod.gpu_spec and pod.num_gpu:
+        req = NodeSelectorRequirement(GPU_MODEL_LABEL, "In", pod.gpu_spec)
+        affinity = (NodeSelectorTerm((req,)),)
+    return Pod(
+        uid=pod.name,
+        namespace=namespace,
+        name=pod.name,
+        requests=Resources(requests),
+        gpu=GpuRequest(pod.num_gpu, pod.gpu_milli) if pod.num_gpu else None,
+        affinity=affinity,
+        gang=f"{namespace}/{pod.name}",
+        queue=queue,
+    )
+
+
+# --- command line flags (``kai-scheduler simulate --trace openb``) --------------------------
+
+
+def _has_option(parser: argparse.ArgumentParser, flag: str) -> bool:
+    return any(flag in a.option_strings for a in parser._actions)
+
+
+def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the trace-replay flags to ``parser`` (skipping any it already has, e.g. --json)."""
+    g = parser.add_argument_group("trace replay (--trace openb)")
+    g.add_argument("--trace", choices=["openb"], default=None, help="replay a trace")
+    g.add_argument("--nodes", metavar="NODES.csv", help="openb node list")
+    g.add_argument("--pods", metavar="PODS.csv", help="openb pod list")
+    g.add_argument("--shuffle-seed", type=int, default=None, metavar="S", help="shuffle pods")
+    g.add_argument(
+        "--inflate",
+        type=float,
+        default=None,
+        metavar="X",
+        help="append re-sampled pods until GPU demand is X times capacity (e.g. 1.3)",
+    )
+    g.add_argument("--batch", type=int, default=1, metavar="B", help="pods per cycle")
+    g.add_argument(
+        "--drop-unplaced",
+        action="store_true",
+        help="drop a pod not placed in the first cycle that sees it (FGD paper rule)",
+    )
+    g.add_argument("--placements", metavar="OUT.jsonl", help="write one line per placed pod")
+    g.add_argument(
+        "--mix",
+        default=None,
+        metavar="KNOB=SHARE,...",
+        help=f"re-sample the pod list first; knobs: {', '.join(MIX_KEYS)}",
+    )
+    g.add_argument(
+        "--policy",
+        choices=["frag", "fgd", "bestfit"],
+        default="frag",
+        help="placement policy (frag: ours; fgd/bestfit: baselines)",
+    )
+    g.add_argument(
+        "--engine",
+        choices=["arrays", "solver"],
+        default="arrays",
+        help="arrays: vectorised replay (fast); solver: every cycle through the live greedy "
+        "(scheduler.solver.place_gangs) with the fragmentation scorer (slow, frag only)",
+    )
+    if not _has_option(parser, "--json"):
+        g.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def load_trace_args(args: argparse.Namespace) -> tuple[list[TraceNode], list[TracePod]]:
+    """Nodes and the arrival-ordered pods the flags describe. Raises TraceError."""
+    nodes_path = args.nodes or default_trace_file(DEFAULT_NODES)
+    pods_path = args.pods or default_trace_file(DEFAULT_PODS)
+    if not nodes_path or not pods_path:
+        raise TraceError("--nodes and --pods are required (openb CSV files)")
+    if args.batch < 1:
+        raise TraceError(f"--batch is {args.batch}; it must be at least 1")
+    nodes = load_nodes(nodes_path)
+    pods = arrival_order(
+        load_pods(pods_path),
+        nodes,
+        seed=args.shuffle_seed,
+        inflate_to=args.inflate,
+        mix=parse_mix(args.mix),
+    )
+    return nodes, pods

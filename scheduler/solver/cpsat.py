@@ -59,20 +59,6 @@ __all__ = ["CpResult", "ModelGang", "ObjectiveWeights", "optimize"]
 
 log = structlog.get_logger(__name__)
 
-#: Work and fair-share units: a tenth of a GPU, one CPU core.
-UNITS = {"gpu": 100, "cpu": 1000}
-
-
-@dataclass(frozen=True)
-class ModelGang:
-    """A gang in the model: fixed (must stay admitted) or free."""
-
-    request: GangRequest
-    fixed: bool
-    work: int
-    units: Mapping[str, int]
-    ask: Mapping[str, int]
-
 
 @dataclass(frozen=True)
 class ObjectiveWeights:
@@ -98,11 +84,6 @@ class CpResult:
     solve_seconds: float = 0.0
     #: False when CP-SAT returned no solution (UNKNOWN/INFEASIBLE/MODEL_INVALID)
     usable: bool = True
-
-
-def work_units(ask: Mapping[str, int]) -> dict[str, int]:
-    """Queue usage in objective units (rounded up, so any work counts)."""
-    return {r: -(-ask.get(r, 0) // u) for r, u in UNITS.items()}
 
 
 def optimize(
@@ -346,48 +327,6 @@ def optimize(
         classes, pattern_sets, z, solver, shapes, gangs, counts, result.admitted, shape_ids
     )
     return result
-
-
-def _queue_rows(
-    gangs: Sequence[ModelGang],
-    tree: QueueTree,
-    report: FairShareReport,
-    charged: Mapping[str, Mapping[str, int]],
-) -> list[tuple[str, list[tuple[int, int]], int]]:
-    """(name, [(gang index, amount)], capacity) rows for limits and non-preemptible quota."""
-    rows: list[tuple[str, list[tuple[int, int]], int]] = []
-    by_queue: dict[str, list[int]] = {}
-    for i, g in enumerate(gangs):
-        chain = tree.ancestors(g.request.queue) if g.request.queue in tree else []
-        for q in chain:
-            by_queue.setdefault(q, []).append(i)
-    for q, idx in sorted(by_queue.items()):
-        status = report.queues.get(q)
-        if status is None:
-            continue
-        for r, limit in status.limit.items():
-            if limit == UNLIMITED:
-                continue
-            terms = [(i, gangs[i].ask.get(r, 0)) for i in idx if gangs[i].ask.get(r, 0) > 0]
-            if terms:
-                used = status.allocated.get(r, 0) + charged.get(q, {}).get(r, 0)
-                rows.append((f"limit_{q}_{r}", terms, limit - used))
-        if q not in tree.queues:
-            continue
-        for r, settings in tree.queues[q].resources:
-            if settings.quota == UNLIMITED:
-                continue
-            terms = [
-                (i, gangs[i].ask.get(r, 0))
-                for i in idx
-                if gangs[i].request.queue == q
-                and not gangs[i].request.preemptible
-                and gangs[i].ask.get(r, 0) > 0
-            ]
-            if terms:
-                used = status.allocated.get(r, 0) + charged.get(q, {}).get(r, 0)
-                rows.append((f"quota_{q}_{r}", terms, settings.quota - used))
-    return rows
 
 
 def _disaggregate(

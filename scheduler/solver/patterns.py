@@ -24,7 +24,16 @@ from scheduler.plugins.packing import Strategy, node_cost
 from scheduler.solver.greedy import pod_size
 from scheduler.solver.state import ClassKey, pick_devices, pod_demand
 
-__all__ = ["ClassInfo", "Pattern", "PatternSet", "canonical", "enumerate_patterns", "pack"]
+__all__ = [
+    "ClassInfo",
+    "Demand",
+    "Pattern",
+    "PatternSet",
+    "canonical",
+    "demand_of",
+    "enumerate_patterns",
+    "pack",
+]
 
 #: A pattern: sorted (shape id, count) pairs.
 Pattern = tuple[tuple[int, int], ...]
@@ -54,12 +63,12 @@ def canonical(pods: Sequence[Pod]) -> list[Pod]:
     return sorted(pods, key=pod_size, reverse=True)
 
 
-# (requests items, device count, thousandths per device)
-_Demand = tuple[tuple[tuple[str, int], ...], int, int]
+#: (requests items, device count, thousandths per device)
+Demand = tuple[tuple[tuple[str, int], ...], int, int]
 
 
 def _take(
-    free: dict[str, int], gpu_free: list[int], d: _Demand, spread: bool
+    free: dict[str, int], gpu_free: list[int], d: Demand, spread: bool
 ) -> tuple[int, ...] | None:
     requests, count, milli = d
     for k, v in requests:
@@ -75,7 +84,8 @@ def _take(
     return devices
 
 
-def _demand(pod: Pod, node: Node) -> _Demand | None:
+def demand_of(pod: Pod, node: Node) -> Demand | None:
+    """The pod's demand on ``node`` as plain data; None when it cannot be sized there."""
     d = pod_demand(pod, node)
     if d is None:
         return None
@@ -97,7 +107,7 @@ def pack(
     """
     grants: list[tuple[tuple[int, int], ...]] = []
     for pod in pods:
-        d = _demand(pod, node)
+        d = demand_of(pod, node)
         if d is None:
             return None
         devices = _take(free, gpu_free, d, spread)
@@ -143,13 +153,13 @@ def enumerate_patterns(
             out.patterns.append(pattern)
             out.delta.append(node_cost(node, free, gpu_free, gpu, cpu) - before)
 
-    demands: dict[int, _Demand] = {}
+    demands: dict[int, Demand] = {}
     for s, pod in enumerate(shapes):
         if demand[s] <= 0:
             continue
         if not node_accepts(node, pod.tolerations, pod.node_selector, pod.affinity):
             continue
-        d = _demand(pod, node)
+        d = demand_of(pod, node)
         if d is not None:
             demands[s] = d
 

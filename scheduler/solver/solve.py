@@ -35,11 +35,13 @@ import structlog
 
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.explain import explain_unplaced
+from scheduler.explain.capacity import FreeCapacity
 from scheduler.fairness import FairShareReport, compute_fair_shares
 from scheduler.framework.scoring import NodeScorer
 from scheduler.plugins.packing import PackingScorer
 from scheduler.solver.cpsat import CpResult
 from scheduler.solver.greedy import place_gangs
+from scheduler.solver.patterns import ClassInfo
 from scheduler.solver.hybrid import current_classes, improve
 from scheduler.solver.placement import (
     GangOutcome,
@@ -130,7 +132,8 @@ def solve(
         log.error("placement_invalid", cycle=cycle, engine=engine.value, violations=violations[:20])
     lap("validate")
     explain_started = time.perf_counter()
-    outcomes = _outcomes(problem, assignments)
+    now, before = _capacities(state, initial, greedy.assignments, assignments)
+    outcomes = _outcomes(problem, assignments, now, before)
     explain_seconds = time.perf_counter() - explain_started
     lap("explain")
     placement = Placement(
@@ -168,7 +171,50 @@ def _reported_objective(cp: CpResult | None, *, hybrid: bool) -> int:
     return cp.greedy_objective
 
 
-def _outcomes(problem: Problem, assignments: Sequence[PodAssignment]) -> dict[str, GangOutcome]:
+def _capacities(
+    state: ClusterState,
+    initial: Sequence[ClassInfo],
+    applied: Sequence[PodAssignment],
+    final: Sequence[PodAssignment],
+) -> tuple[FreeCapacity | None, FreeCapacity | None]:
+    """Free capacity after ``final`` and before the cycle, from the node classes the solver
+    already has (``state`` holds ``applied``), so the explainer recomputes nothing per node.
+
+    (None, None) when ``state`` cannot be brought to ``final``: the explainer then works
+    from the snapshot.
+    """
+    if final is not applied:
+        try:
+            for a in reversed(applied):
+                state.release(a.pod_uid)
+            for a in final:
+                state.apply(a)
+        except (KeyError, ValueError):
+            log.exception("explain_state_failed")
+            return None, None
+    off = [
+        (slot.node, slot.free.items(), slot.gpu_free, 1, False)
+        for slot in state.nodes.values()
+        if not slot.placeable
+    ]
+    nodes = state.static_nodes
+    now = FreeCapacity.from_groups(
+        [(nodes[k[0]], k[1], k[2], len(m), True) for k, m in state.classes.items()] + off,
+        by_name=state.by_name,
+    )
+    before = FreeCapacity.from_groups(
+        [(nodes[c.key[0]], c.key[1], c.key[2], len(c.members), True) for c in initial] + off,
+        by_name=state.by_name,
+    )
+    return now, before
+
+
+def _outcomes(
+    problem: Problem,
+    assignments: Sequence[PodAssignment],
+    now: FreeCapacity | None = None,
+    before: FreeCapacity | None = None,
+) -> dict[str, GangOutcome]:
     by_gang: dict[str, list[PodAssignment]] = {}
     for a in assignments:
         by_gang.setdefault(a.gang, []).append(a)
@@ -176,7 +222,9 @@ def _outcomes(problem: Problem, assignments: Sequence[PodAssignment]) -> dict[st
     reasons: dict[str, tuple[str, str]] = {}
     if unplaced:
         try:
-            reasons = explain_unplaced(problem.snapshot, problem.report, assignments, unplaced)
+            reasons = explain_unplaced(
+                problem.snapshot, problem.report, assignments, unplaced, now=now, before=before
+            )
         except Exception:  # an explanation must never cost the cycle its placement
             log.exception("explain_failed", gangs=len(unplaced))
     out: dict[str, GangOutcome] = {}

@@ -48,12 +48,7 @@ def validate(snapshot: Snapshot, assignments: Sequence[PodAssignment]) -> list[s
     # Usage only of the nodes this placement touches: the snapshot's own accounting on a
     # sub-snapshot, so a 5,000-node cycle does not pay for nodes it leaves alone.
     touched = {a.node for a in assignments if a.node in nodes}
-    on_touched = tuple(p for p in snapshot.pods if p.node_name in touched)
-    states = Snapshot(nodes=tuple(nodes[n] for n in touched), pods=on_touched).node_states()
-    pod_count: dict[str, int] = defaultdict(int)
-    for p in on_touched:
-        if p.bound and p.active:
-            pod_count[p.node_name or ""] += 1
+    used, gpu_free, pod_count = _usage(snapshot, touched)
 
     added: dict[str, dict[str, int]] = defaultdict(dict)
     added_pods: dict[str, int] = defaultdict(int)
@@ -121,15 +116,15 @@ def validate(snapshot: Snapshot, assignments: Sequence[PodAssignment]) -> list[s
         placed.append((pod, a))
 
     for name, extra in added.items():
-        st = states[name]
-        alloc = st.node.allocatable
+        have = used[name]
+        alloc = nodes[name].allocatable
         for r, v in extra.items():
-            if v > 0 and st.used[r] + v > alloc[r]:
-                out.append(f"node {name}: {r} over capacity ({st.used[r] + v} > {alloc[r]})")
+            if v > 0 and have.get(r, 0) + v > alloc[r]:
+                out.append(f"node {name}: {r} over capacity ({have.get(r, 0) + v} > {alloc[r]})")
         if alloc[PODS] > 0 and pod_count[name] + added_pods[name] > alloc[PODS]:
             out.append(f"node {name}: more pods than allocatable pods ({alloc[PODS]})")
     for (name, i), milli in device_take.items():
-        free = states[name].gpu_free
+        free = gpu_free[name]
         if 0 <= i < len(free) and milli > free[i]:
             out.append(f"node {name}: device {i} over capacity ({milli} > {free[i]} free)")
 
@@ -146,6 +141,44 @@ def validate(snapshot: Snapshot, assignments: Sequence[PodAssignment]) -> list[s
 
     out.extend(_queue_violations(snapshot, placed))
     return out
+
+
+def _usage(
+    snapshot: Snapshot, touched: set[str]
+) -> tuple[dict[str, dict[str, int]], dict[str, list[int]], dict[str, int]]:
+    """Per touched node: resources used by active bound pods, free thousandths per device
+    and the pod count. A GPU pod bound without a recorded grant takes the freest devices."""
+    nodes = snapshot.node_by_name
+    used: dict[str, dict[str, int]] = {n: {} for n in touched}
+    gpu_free = {n: [GPU_MILLI] * nodes[n].gpu_count for n in touched}
+    pod_count: dict[str, int] = defaultdict(int)
+    ungranted: list[Pod] = []
+    for p in snapshot.pods:
+        name = p.node_name
+        if name not in used or not p.bound or not p.active:
+            continue
+        pod_count[name] += 1
+        row = used[name]
+        for r, v in p.requests.items():
+            row[r] = row.get(r, 0) + v
+        devices = gpu_free[name]
+        if p.gpu_grant:
+            for index, milli in p.gpu_grant:
+                if 0 <= index < len(devices):
+                    devices[index] -= milli
+        elif p.requests[GPU] or p.gpu is not None:
+            ungranted.append(p)
+    for p in ungranted:
+        devices = gpu_free[p.node_name or ""]
+        node = nodes[p.node_name or ""]
+        count = p.requests[GPU] or (p.gpu.count if p.gpu else 0)
+        share = None if p.requests[GPU] or p.gpu is None else p.gpu.milli_on(node)
+        for _ in range(count):
+            if not devices:
+                break
+            best = max(range(len(devices)), key=lambda i: devices[i])
+            devices[best] -= share or GPU_MILLI
+    return used, gpu_free, pod_count
 
 
 def _queue_of(snapshot: Snapshot, pod: Pod) -> str:

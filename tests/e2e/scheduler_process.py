@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -330,11 +331,11 @@ StartScheduler = Callable[..., SchedulerProcess]
 
 @pytest.fixture
 def start_scheduler(
-    kai_cluster: KaiCluster, tmp_path: Path
+    kai_cluster: KaiCluster, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Generator[StartScheduler, None, None]:
     """``start_scheduler(config=None, args=(), name=..., wait=True) -> SchedulerProcess``;
-    every process is stopped after the test and its log tail printed (pytest shows it when
-    the test failed)."""
+    every process is stopped after the test, its log tail printed (pytest shows it when
+    the test failed) and its whole log kept in the control plane's log dir."""
     procs: list[SchedulerProcess] = []
 
     def start(
@@ -359,6 +360,10 @@ def start_scheduler(
         return proc
 
     yield start
+    keep = kai_cluster.cp.log_dir / "scheduler"
+    keep.mkdir(parents=True, exist_ok=True)
     for proc in procs:
         code = proc.stop()
+        # Kept next to the control plane's logs for post-mortems of flaky runs.
+        shutil.copyfile(proc.log_path, keep / f"{request.node.name}-{proc.name}.log")
         print(f"\n===== {proc.name} (exit {code}) log tail =====\n{proc.log_tail(120)}")

@@ -1,0 +1,102 @@
+"""Rows shared by the CP-SAT stage model and its relaxation: gangs as the models see them,
+queue limits and quota, and what is left of each queue's fair share."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from scheduler.cluster.queue import UNLIMITED, QueueTree
+from scheduler.fairness import FairShareReport
+from scheduler.solver.greedy import GangRequest
+
+__all__ = ["UNITS", "ModelGang", "fair_rooms", "queue_rows", "work_units"]
+
+#: Work and fair-share units: a tenth of a GPU, one CPU core.
+UNITS = {"gpu": 100, "cpu": 1000}
+
+@dataclass(frozen=True)
+class ModelGang:
+    """A gang in the model: fixed (must stay admitted) or free."""
+
+    request: GangRequest
+    fixed: bool
+    work: int
+    units: Mapping[str, int]
+    ask: Mapping[str, int]
+
+
+def work_units(ask: Mapping[str, int]) -> dict[str, int]:
+    """Queue usage in objective units (rounded up, so any work counts)."""
+    return {r: -(-ask.get(r, 0) // u) for r, u in UNITS.items()}
+
+
+def queue_rows(
+    gangs: Sequence[ModelGang],
+    tree: QueueTree,
+    report: FairShareReport,
+    charged: Mapping[str, Mapping[str, int]],
+) -> list[tuple[str, list[tuple[int, int]], int]]:
+    """(name, [(gang index, amount)], capacity) rows for limits and non-preemptible quota."""
+    rows: list[tuple[str, list[tuple[int, int]], int]] = []
+    by_queue: dict[str, list[int]] = {}
+    for i, g in enumerate(gangs):
+        chain = tree.ancestors(g.request.queue) if g.request.queue in tree else []
+        for q in chain:
+            by_queue.setdefault(q, []).append(i)
+    for q, idx in sorted(by_queue.items()):
+        status = report.queues.get(q)
+        if status is None:
+            continue
+        for r, limit in status.limit.items():
+            if limit == UNLIMITED:
+                continue
+            terms = [(i, gangs[i].ask.get(r, 0)) for i in idx if gangs[i].ask.get(r, 0) > 0]
+            if terms:
+                used = status.allocated.get(r, 0) + charged.get(q, {}).get(r, 0)
+                rows.append((f"limit_{q}_{r}", terms, limit - used))
+        if q not in tree.queues:
+            continue
+        for r, settings in tree.queues[q].resources:
+            if settings.quota == UNLIMITED:
+                continue
+            terms = [
+                (i, gangs[i].ask.get(r, 0))
+                for i in idx
+                if gangs[i].request.queue == q
+                and not gangs[i].request.preemptible
+                and gangs[i].ask.get(r, 0) > 0
+            ]
+            if terms:
+                used = status.allocated.get(r, 0) + charged.get(q, {}).get(r, 0)
+                rows.append((f"quota_{q}_{r}", terms, settings.quota - used))
+    return rows
+
+
+def fair_rooms(
+    gangs: Sequence[ModelGang],
+    report: FairShareReport,
+    charged: Mapping[str, Mapping[str, int]],
+) -> dict[tuple[str, str], int]:
+    """(leaf queue, resource) -> fair-share room left for the free gangs, in work units.
+
+    Room is the queue's fair share minus what it holds, minus the fixed gangs of the model
+    and what earlier stages admitted (``charged``); only queues with free gangs appear.
+    """
+    fixed_use: dict[str, Counter[str]] = {}
+    for g in gangs:
+        if g.fixed:
+            fixed_use.setdefault(g.request.queue, Counter()).update(g.ask)
+    out: dict[tuple[str, str], int] = {}
+    for q in sorted({g.request.queue for g in gangs if not g.fixed}):
+        qs = report.queues.get(q)
+        if qs is None:
+            continue
+        for r, unit in UNITS.items():
+            room = qs.fair_share.get(r, 0) - qs.allocated.get(r, 0)
+            room -= fixed_use.get(q, Counter())[r] + charged.get(q, {}).get(r, 0)
+            room = max(0, room) // unit
+            if room > 0:
+                out[(q, r)] = room
+    return out
