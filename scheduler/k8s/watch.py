@@ -45,6 +45,9 @@ __all__ = ["FIELD_SELECTORS", "EventSink", "WatchSettings", "Watcher"]
 
 log = structlog.get_logger("scheduler.k8s.watch")
 
+#: Longest stretch a watch task handles buffered events before letting other tasks run.
+_YIELD_EVERY_SECONDS = 0.02
+
 
 class EventSink(Protocol):
     """What the watcher feeds (implemented by :class:`scheduler.cache.Cache`)."""
@@ -297,6 +300,7 @@ class Watcher:
             raise _Relist() from e
         try:
             async with response:
+                last_yield = time.monotonic()
                 while True:
                     try:
                         line = await response.content.readline()
@@ -306,6 +310,11 @@ class Watcher:
                         break  # the server ended the watch (timeoutSeconds) or the connection
                     rv = self._handle_line(kind, line, rv)
                     events += 1
+                    # readline() returns buffered lines without suspending, so a burst of
+                    # events would hold the loop; give other tasks (probes, binds) a turn.
+                    if time.monotonic() - last_yield > _YIELD_EVERY_SECONDS:
+                        await asyncio.sleep(0)
+                        last_yield = time.monotonic()
         finally:
             self.resource_versions[kind.kind] = rv
         healthy = events > 0 or time.monotonic() - started >= s.min_watch_seconds
