@@ -15,8 +15,9 @@ device that hosts a pod taking s > 500 thousandths keeps at most 1000 - s free, 
 pods of at most 1000 - s can use; balancing that waste against dropping such pods gives
 the largest allocation the arrived pods allow (see :func:`share_gap_bound`).
 ``upper_bound_at_130_if_first_90pct_placed`` is the same waste argument for a scheduler that
-places every pod arriving before 90 % (ours does, on every seed: ``placed_all_of_first_90pct``):
-the ceiling at 130 % for any policy that does not refuse pods that fit early on.
+places every pod arriving before 90 % of capacity (``placed_all_of_first_90pct`` says whether
+ours did on every seed; a few 8-GPU pods can miss): the ceiling at 130 % for any policy that
+does not hold back pods which fit while the cluster is still filling.
 """
 
 from __future__ import annotations

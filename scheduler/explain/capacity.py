@@ -155,7 +155,9 @@ class FreeCapacity:
             _device_take(devices[a.node], a.gpu_grant, count, milli)
         for name, st in states.items():
             if name in touched:
-                self.add(st.node, free[name].items(), devices[name], 1, st.node.schedulable, by_name)
+                self.add(
+                    st.node, free[name].items(), devices[name], 1, st.node.schedulable, by_name
+                )
             else:
                 self.add(st.node, st.free.items(), st.gpu_free, 1, st.node.schedulable, by_name)
 

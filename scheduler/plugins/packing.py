@@ -19,13 +19,21 @@ The same two rules apply to CPU (millicores) on nodes without GPUs.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Literal
 
 from scheduler.cluster.node import GPU_MILLI, Node
 from scheduler.cluster.resources import CPU
 from scheduler.framework.scoring import NodeView, PodDemand
 
-__all__ = ["MAX_NODE_COST", "PackingScorer", "Strategy", "node_cost", "node_cost_after"]
+__all__ = [
+    "MAX_NODE_COST",
+    "PackingScorer",
+    "Strategy",
+    "gpu_node_cost",
+    "node_cost",
+    "node_cost_after",
+]
 
 #: Same values as :data:`scheduler.solver.placement.Strategy` (kept here to avoid an import
 #: cycle: the solver imports this module).
@@ -39,6 +47,23 @@ def _eighths(used: int, total: int) -> int:
     return (8 * used + total // 2) // total if total > 0 else 0
 
 
+@lru_cache(maxsize=65536)
+def gpu_node_cost(gpu_free: tuple[int, ...], gpu_strategy: Strategy) -> int:
+    """:func:`node_cost` of a GPU node: it reads only the devices (cached: the same few
+    device states recur on thousands of nodes)."""
+    total = GPU_MILLI * len(gpu_free)
+    free_milli = sum(gpu_free)
+    if min(gpu_free) < 0:  # overcommitted device: count it as full, not below
+        free_milli = sum(max(0, f) for f in gpu_free)
+    used = total - free_milli
+    if gpu_strategy == "spread":
+        u = _eighths(used, total)
+        return u * u
+    partial_devices = sum(1 for f in gpu_free if 0 < f < GPU_MILLI)
+    partial_node = 1 if used > 0 and free_milli > 0 else 0
+    return 4 * partial_node + 2 * partial_devices
+
+
 def node_cost(
     node: Node,
     free: Mapping[str, int],
@@ -48,17 +73,7 @@ def node_cost(
 ) -> int:
     """Quality cost of a node in the given state (see the module docstring)."""
     if gpu_free:
-        total = GPU_MILLI * len(gpu_free)
-        free_milli = sum(gpu_free)
-        if min(gpu_free) < 0:  # overcommitted device: count it as full, not below
-            free_milli = sum(max(0, f) for f in gpu_free)
-        used = total - free_milli
-        if gpu_strategy == "spread":
-            u = _eighths(used, total)
-            return u * u
-        partial_devices = sum(1 for f in gpu_free if 0 < f < GPU_MILLI)
-        partial_node = 1 if used > 0 and free_milli > 0 else 0
-        return 4 * partial_node + 2 * partial_devices
+        return gpu_node_cost(tuple(gpu_free), gpu_strategy)
     alloc = node.allocatable[CPU]
     if alloc <= 0:
         return 0
@@ -110,9 +125,7 @@ class PackingScorer:
         gpus = node.gpu_free
         if gpus:
             free_milli = sum(gpus) if min(gpus) >= 0 else sum(max(0, f) for f in gpus)
-            left = (free_milli - sum(m for _, m in grant)) / (
-                GPU_MILLI * len(gpus)
-            )
+            left = (free_milli - sum(m for _, m in grant)) / (GPU_MILLI * len(gpus))
             strategy = self.gpu_strategy
         else:
             alloc = node.node.allocatable[CPU]

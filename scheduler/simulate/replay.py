@@ -8,15 +8,12 @@ per pod, so a 10k-pod replay runs in seconds. Each cycle takes the pods that arr
 With ``drop_unplaced`` a pod not placed in the first cycle that sees it is dropped for good
 (the FGD paper's rule).
 
-This engine does not call :func:`scheduler.solver.place_gangs`: that greedy asks the scorer
-node class by node class through Python calls, about a thousand times too slow for 200k
-placements in the 10-minute benchmark budget. The scoring arithmetic is shared
-(:mod:`scheduler.plugins.fragmentation`); the live greedy uses it through
-:class:`~scheduler.plugins.fragmentation.FragmentationScorer`.
-
-The GPU allocation ratio (allocated GPU thousandths as % of the cluster's) is recorded at
-the end of the cycle in which the arrived workload (cumulative GPU request of arrived pods,
-dropped ones included) first reaches each checkpoint.
+Two engines run the cycles. ``arrays`` (default) is the vectorised one above, with the same
+scoring arithmetic as the live scorer; it runs a 10k-cycle batch-1 replay in seconds.
+``solver`` sends every cycle through the live scheduler's greedy
+(:func:`scheduler.solver.place_gangs`) with
+:class:`~scheduler.plugins.fragmentation.FragmentationScorer` plugged in: the same cycle code
+as the live scheduler, about 10x slower, fine for 64-pod cycles.
 """
 
 from __future__ import annotations
@@ -357,7 +354,7 @@ def _mix_for(settings: ReplaySettings) -> WorkloadMix:
 
 
 def _array_engine(nodes: Sequence[TraceNode], settings: ReplaySettings) -> CycleEngine:
-    """The vectorised engine (the benchmark's)."""
+    """The vectorised engine: numpy node arrays, one ``choose`` per pod."""
     cluster = _Cluster(nodes)
     mix = _mix_for(settings)
     since_refresh = settings.refresh_every

@@ -20,9 +20,16 @@ Public API:
   :class:`scheduler.plugins.packing.PackingScorer` (binpack/spread). With a custom scorer
   CP-SAT still decides admission but no longer overrides placement quality.
 
+Objective and bound: :attr:`Placement.objective` is the first stage's value (the highest
+priority where greedy left a gang out) in the scale of :class:`~.cpsat.Scale`;
+:attr:`Placement.best_bound` bounds that value over *every* valid placement, from a
+relaxation of the real problem (:mod:`.bound`), not from the pattern-capped model.
+
 Modules: ``state`` (ClusterState, classes), ``greedy``, ``patterns`` (node patterns and the
-canonical packer), ``cpsat`` (the model), ``hybrid`` (stages by priority), ``validate``
-(independent), ``problem``, ``queues``, ``solve`` (the pipeline and the objective order).
+canonical packer), ``rows`` (queue and fair-share rows shared by the models), ``cpsat`` (the
+model), ``bound`` (the relaxation and its bound), ``guided`` (a relaxation-guided greedy
+answer), ``hybrid`` (stages by priority), ``validate`` (independent), ``problem``,
+``queues``, ``solve`` (the pipeline and the objective order).
 """
 
 from scheduler.solver.greedy import GangRequest, GreedyResult, place_gangs

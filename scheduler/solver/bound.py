@@ -55,7 +55,7 @@ from scheduler.solver.greedy import shape_key
 from scheduler.solver.patterns import ClassInfo, Demand, demand_of
 from scheduler.solver.rows import ModelGang, fair_rooms, queue_rows
 
-__all__ = ["admission_bound"]
+__all__ = ["Relaxation", "admission_bound"]
 
 log = structlog.get_logger(__name__)
 
@@ -72,6 +72,15 @@ class _Caps:
     most: Counter[int] = field(default_factory=Counter)
     #: shape -> its demand on these nodes (None: rejected or cannot be sized)
     demand: dict[int, Demand | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Relaxation:
+    """R solved: a bound of admission, and the free gangs R's best answer admits (which
+    may not fit together for real - R ignores how pods share single nodes)."""
+
+    bound: int
+    admitted: list[str]
 
 
 def _most(free: Mapping[str, int], gpu_free: Sequence[int], d: Demand) -> int:
@@ -129,9 +138,10 @@ def admission_bound(
     time_limit: float,
     workers: int,
     cycle: int | None = None,
-) -> int | None:
+) -> Relaxation | None:
     """Upper bound of ``fair_weight * sum f + sum work * y`` over every valid placement of
-    ``gangs`` on the nodes of ``classes`` (exact, unmerged classes: all placeable nodes).
+    ``gangs`` on the nodes of ``classes`` (exact, unmerged classes: all placeable nodes),
+    and R's best answer (which free gangs to admit; the earliest gangs of each kind).
 
     None when CP-SAT found R infeasible or proved nothing in time (then no bound is known).
     """
@@ -154,14 +164,14 @@ def admission_bound(
             demand[s] += k
 
     model = cp_model.CpModel()
-    x: dict[int, cp_model.LinearExprT] = {}  # first gang index of a kind -> admitted count
+    x: dict[int, cp_model.IntVar] = {}  # first gang index of a kind -> admitted count
     of_kind: dict[int, int] = {}
     for members in kinds.values():
         first = members[0]
         for i in members:
             of_kind[i] = first
         if gangs[first].fixed:
-            x[first] = len(members)
+            x[first] = model.new_constant(len(members))
         else:
             x[first] = model.new_int_var(0, len(members), f"x{first}")
 
@@ -196,18 +206,22 @@ def admission_bound(
         per_kind = {of_kind[i]: c[s] for i, c in enumerate(counts) if c.get(s)}
         model.add(sum(placed[s]) == sum(k * x[first] for first, k in per_kind.items()))
 
-    for _, terms, cap in queue_rows(gangs, tree, report, charged):
-        model.add(sum(a * x[i] for i, a in _by_kind(terms, of_kind)) <= max(0, cap))
+    for _, row_terms, cap in queue_rows(gangs, tree, report, charged):
+        model.add(sum(a * x[i] for i, a in _by_kind(row_terms, of_kind)) <= max(0, cap))
     fair: list[cp_model.IntVar] = []
     for (q, r), room in fair_rooms(gangs, report, charged).items():
-        work = _by_kind(
-            [(i, g.units[r]) for i, g in enumerate(gangs) if g.request.queue == q and not g.fixed],
+        units = _by_kind(
+            [
+                (i, g.units[r])
+                for i, g in enumerate(gangs)
+                if g.request.queue == q and not g.fixed and g.units[r] > 0
+            ],
             of_kind,
         )
-        if not work:
+        if not units:
             continue
         f = model.new_int_var(0, room, f"f_{q}_{r}")
-        model.add(f <= sum(a * x[i] for i, a in work))
+        model.add(f <= sum(a * x[i] for i, a in units))
         fair.append(f)
     firsts = sorted({of_kind[i] for i, g in enumerate(gangs) if not g.fixed})
     model.maximize(fair_weight * sum(fair) + sum(gangs[i].work * x[i] for i in firsts))
@@ -222,7 +236,13 @@ def admission_bound(
         return None
     if code == cp_model.UNKNOWN and not math.isfinite(solver.best_objective_bound):
         return None
-    return math.ceil(solver.best_objective_bound - 1e-6)
+    admitted: list[str] = []
+    if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        for members in kinds.values():
+            if not gangs[members[0]].fixed:
+                take = solver.value(x[members[0]])
+                admitted += [gangs[i].request.key for i in members[:take]]
+    return Relaxation(math.ceil(solver.best_objective_bound - 1e-6), admitted)
 
 
 def _by_kind(terms: Sequence[tuple[int, int]], of_kind: Mapping[int, int]) -> list[tuple[int, int]]:
@@ -231,4 +251,3 @@ def _by_kind(terms: Sequence[tuple[int, int]], of_kind: Mapping[int, int]) -> li
     for i, a in terms:
         out[of_kind[i]] = a
     return list(out.items())
-

@@ -21,8 +21,10 @@ Objective (maximise, lexicographic by integer weights; numbers in
 i.e. fairness, then admitted work, then placement quality (``dq`` = change of
 :func:`scheduler.plugins.packing.node_cost`, ``Q_off`` keeps the value non-negative).
 
-The best bound CP-SAT reports is a bound of *this* model: patterns are enumerated up to a
-cap per class, so it does not bound placements that need a pattern left out.
+CP-SAT's own best bound is a bound of *this* model only: patterns are enumerated up to a
+cap per class, so it does not bound placements that need a pattern left out. The reported
+objective and bound use :class:`Scale`; the bound comes from a relaxation of the real
+problem (:mod:`scheduler.solver.bound`).
 
 Where running pods come in (reclaim, preemption, consolidation, elastic shrink): today a
 class is keyed by a node's *free* state and patterns only add shapes. The extension keys a
@@ -49,13 +51,21 @@ import structlog
 from ortools.sat.python import cp_model
 
 from scheduler.cluster.pod import Pod
-from scheduler.cluster.queue import UNLIMITED, QueueTree
+from scheduler.cluster.queue import QueueTree
 from scheduler.fairness import FairShareReport
-from scheduler.plugins.packing import Strategy
-from scheduler.solver.greedy import GangRequest, pod_size, shape_key
+from scheduler.plugins.packing import MAX_NODE_COST, Strategy, node_cost
+from scheduler.solver.greedy import pod_size, shape_key
 from scheduler.solver.patterns import ClassInfo, Pattern, PatternSet, enumerate_patterns, pack
+from scheduler.solver.rows import (
+    UNITS,
+    ModelGang,
+    fair_rooms,
+    fair_weight,
+    queue_rows,
+    work_units,
+)
 
-__all__ = ["CpResult", "ModelGang", "ObjectiveWeights", "optimize"]
+__all__ = ["CpResult", "ModelGang", "ObjectiveWeights", "Scale", "optimize"]
 
 log = structlog.get_logger(__name__)
 
@@ -69,9 +79,79 @@ class ObjectiveWeights:
     quality_offset: int  # Q_off
 
 
+@dataclass(frozen=True)
+class Scale:
+    """The reported objective of a stage, in a scale that does not depend on the patterns.
+
+    ``value = K * admission + Q - quality_change`` with ``N`` the nodes that can change
+    (those of the model, at most one per pod of the stage), ``Q = MAX_NODE_COST * N`` and
+    ``K = 2 * Q + 1``: a node's cost change lies in
+    ``[-MAX_NODE_COST, MAX_NODE_COST]``, so the quality part stays in ``[0, 2Q]`` and one
+    unit of admission outweighs any quality change. ``admission`` is ``K_F * f + work``
+    as in the model.
+
+    :meth:`bound` is honest: ``admission`` is bounded by the relaxation of
+    :mod:`scheduler.solver.bound` (valid for every placement, not only the model's
+    patterns), and ``-quality_change`` by ``D`` = the summed cost of the model's nodes
+    before the cycle (the larger of the merged classes' and the exact classes' measure),
+    since no node's cost drops below zero. The quality allowance is loose when every gang
+    is admitted (then only quality is left to compare); with gangs left out, ``K`` makes
+    admission dominate the ratio.
+    """
+
+    admit_weight: int
+    offset: int
+    drop: int
+
+    @classmethod
+    def of(
+        cls,
+        classes: Sequence[ClassInfo],
+        gpu: Strategy,
+        cpu: Strategy,
+        *,
+        quality: bool,
+        exact: Sequence[ClassInfo] = (),
+        pods: int | None = None,
+    ) -> Scale:
+        """The scale of a model over ``classes``; ``exact`` are the unmerged classes of the
+        same nodes (merged classes offer their members' floor, whose cost may differ from
+        the members' own, so ``D`` covers both measures). Only nodes that receive one of
+        the stage's ``pods`` can change cost, so ``N`` and ``D`` count at most that many
+        nodes (the costliest ones for ``D``)."""
+        total = sum(len(c.members) for c in classes)
+        changed = total if pods is None else min(pods, total)
+
+        def drop_of(of: Sequence[ClassInfo]) -> int:
+            costs = sorted(
+                ((node_cost(c.node, c.free, c.gpu_free, gpu, cpu), len(c.members)) for c in of),
+                reverse=True,
+            )
+            out, left = 0, changed
+            for cost, count in costs:
+                take = min(left, count)
+                out += cost * take
+                left -= take
+                if not left:
+                    break
+            return out
+
+        offset = MAX_NODE_COST * changed
+        drop = max(drop_of(classes), drop_of(exact)) if quality else 0
+        return cls(2 * offset + 1, offset, drop)
+
+    def value(self, admission: int, quality_change: int) -> int:
+        """The reported objective of one answer."""
+        return self.admit_weight * admission + self.offset - quality_change
+
+    def bound(self, admission_bound: int) -> int:
+        """Upper bound of :meth:`value` given an upper bound of admission."""
+        return self.admit_weight * admission_bound + self.offset + self.drop
+
+
 @dataclass
 class CpResult:
-    """What CP-SAT found (in model scale), ready to disaggregate."""
+    """What CP-SAT found, in the reported scale (:class:`Scale`), ready to disaggregate."""
 
     status: str
     objective: int
@@ -84,6 +164,16 @@ class CpResult:
     solve_seconds: float = 0.0
     #: False when CP-SAT returned no solution (UNKNOWN/INFEASIBLE/MODEL_INVALID)
     usable: bool = True
+    #: The scale of the values above (the same for every answer of this stage).
+    scale: Scale = field(default_factory=lambda: Scale(1, 0, 0))
+    #: The plain greedy answer's value when the hint came from elsewhere (the
+    #: relaxation-guided pass); None when the hint was the greedy answer.
+    baseline_objective: int | None = None
+
+    @property
+    def plain_objective(self) -> int:
+        """Value of the plain greedy answer."""
+        return self.greedy_objective if self.baseline_objective is None else self.baseline_objective
 
 
 def optimize(
@@ -102,6 +192,8 @@ def optimize(
     quality: bool = True,
     presolve: bool = False,
     charged: Mapping[str, Mapping[str, int]] | None = None,
+    admit_bound: int | None = None,
+    scale: Scale | None = None,
     cycle: int | None = None,
 ) -> CpResult | None:
     """Build and solve the model; None when the greedy hint cannot be expressed in it.
@@ -109,9 +201,13 @@ def optimize(
     ``quality=False`` drops the placement-quality term (used when the greedy ranks nodes
     with a custom scorer whose notion of quality the model does not share). ``charged`` is
     queue usage already admitted earlier in this cycle (by higher-priority stages).
+    ``admit_bound`` is an upper bound of the admission value over every valid placement
+    (from :func:`scheduler.solver.bound.admission_bound`); the reported ``bound`` is
+    derived from it (:class:`Scale`), 0 when it is not given (unknown).
     """
     charged = charged or {}
     started = time.perf_counter()
+    deadline = started + time_limit
     model = cp_model.CpModel()
 
     # --- data: shapes and per-gang counts ----------------------------------------------
@@ -205,46 +301,28 @@ def optimize(
         model.add(sum(k * v for k, v in slots[s]) == sum(k * v for k, v in pods_of_s))
 
     # queue limits at every level, non-preemptible quota at the leaf
-    for name, terms, cap in _queue_rows(gangs, tree, report, charged):
+    for name, terms, cap in queue_rows(gangs, tree, report, charged):
         # a queue already past its limit takes nothing more (not "gives back")
         model.add(sum(a * y[i] for i, a in terms) <= max(0, cap)).with_name(name)
 
     # fairness: f[q, r] <= remaining fair share, <= admitted work of q
     fair_vars: list[cp_model.IntVar] = []
     free_idx = [i for i, g in enumerate(gangs) if not g.fixed]
-    fixed_use: dict[str, Counter[str]] = {}
-    for g in gangs:
-        if g.fixed:
-            fixed_use.setdefault(g.request.queue, Counter()).update(g.ask)
-    by_queue: dict[str, list[int]] = {}
-    for i in free_idx:
-        by_queue.setdefault(gangs[i].request.queue, []).append(i)
     hint_f: list[int] = []
-    rooms: list[int] = []
-    for q, idx in sorted(by_queue.items()):
-        qs = report.queues.get(q)
-        if qs is None:
+    for (q, r), room in fair_rooms(gangs, report, charged).items():
+        idx = [i for i in free_idx if gangs[i].request.queue == q and gangs[i].units[r] > 0]
+        if not idx:
             continue
-        for r, unit in UNITS.items():
-            room = qs.fair_share.get(r, 0) - qs.allocated.get(r, 0)
-            room -= fixed_use.get(q, Counter())[r] + charged.get(q, {}).get(r, 0)
-            room = max(0, room) // unit
-            work = [(gangs[i].units[r], y[i]) for i in idx if gangs[i].units[r] > 0]
-            if room <= 0 or not work:
-                continue
-            f = model.new_int_var(0, room, f"f_{q}_{r}")
-            rooms.append(room)
-            model.add(f <= sum(a * v for a, v in work))
-            fair_vars.append(f)
-            hint_f.append(
-                min(
-                    room,
-                    sum(gangs[i].units[r] for i in idx if gangs[i].request.key in hint_admitted),
-                )
-            )
+        f = model.new_int_var(0, room, f"f_{q}_{r}")
+        model.add(f <= sum(gangs[i].units[r] * y[i] for i in idx))
+        fair_vars.append(f)
+        hinted = sum(gangs[i].units[r] for i in idx if gangs[i].request.key in hint_admitted)
+        hint_f.append(min(room, hinted))
 
     work_max = sum(gangs[i].work for i in free_idx)
-    weights = ObjectiveWeights(fair=work_max + 1, admit=(q_max - q_min) + 1, quality_offset=q_max)
+    weights = ObjectiveWeights(
+        fair=fair_weight(gangs), admit=(q_max - q_min) + 1, quality_offset=q_max
+    )
     admit_expr = weights.fair * sum(fair_vars) + sum(gangs[i].work * y[i] for i in free_idx)
     quality_expr = sum(d * v for v, d in quality_terms)
     model.maximize(weights.admit * admit_expr + weights.quality_offset - quality_expr)
@@ -269,7 +347,8 @@ def optimize(
     greedy_admit = weights.fair * sum(hint_f) + sum(
         gangs[i].work for i in free_idx if gangs[i].request.key in hint_admitted
     )
-    greedy_objective = weights.admit * greedy_admit + weights.quality_offset - greedy_quality
+    scale = scale or Scale.of(classes, gpu_strategy, cpu_strategy, quality=quality)
+    greedy_objective = scale.value(greedy_admit, greedy_quality)
     log.debug(
         "cpsat_weights",
         cycle=cycle,
@@ -278,13 +357,13 @@ def optimize(
         q_off=weights.quality_offset,
         hint_f=sum(hint_f),
         hint_u=greedy_admit - weights.fair * sum(hint_f),
-        rooms=rooms,
         work_max=work_max,
     )
 
     build_seconds = time.perf_counter() - started
+    bound = scale.bound(admit_bound) if admit_bound is not None else 0
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.01, time_limit)
+    solver.parameters.max_time_in_seconds = max(0.01, deadline - time.perf_counter())
     solver.parameters.num_workers = max(1, workers)
     solver.parameters.cp_model_presolve = presolve
     code = solver.solve(model)
@@ -308,20 +387,24 @@ def optimize(
         return CpResult(
             status=status,
             objective=greedy_objective,
-            bound=0,
+            bound=bound,
             greedy_objective=greedy_objective,
             build_seconds=build_seconds,
             solve_seconds=solve_seconds,
             usable=False,
+            scale=scale,
         )
     result = CpResult(
         status=status,
-        objective=round(solver.objective_value),
-        bound=round(solver.best_objective_bound),
+        objective=scale.value(solver.value(admit_expr), solver.value(quality_expr)),
+        bound=bound,
         greedy_objective=greedy_objective,
         build_seconds=build_seconds,
         solve_seconds=solve_seconds,
+        scale=scale,
     )
+    if bound and max(result.objective, greedy_objective) > bound:
+        log.error("bound_below_objective", cycle=cycle, bound=bound, objective=result.objective)
     result.admitted = {g.request.key for i, g in enumerate(gangs) if solver.value(y[i])}
     result.node_pods = _disaggregate(
         classes, pattern_sets, z, solver, shapes, gangs, counts, result.admitted, shape_ids
@@ -359,4 +442,4 @@ def _disaggregate(
     return out
 
 
-__all__ += ["pack", "work_units"]
+__all__ += ["UNITS", "pack", "work_units"]

@@ -190,6 +190,10 @@ class ClassIndex:
                 continue
             if key in sh.scores:
                 score = sh.scores[key]
+            elif key not in self.state.classes:
+                # Empty again by now: nothing to score. Caching "None" here would hide the
+                # class for good; it comes back as a new event when it regains a member.
+                continue
             else:
                 score = sh.scores[key] = self._evaluate(sh.pod, sh.id, key)
             if score is not None:

@@ -7,6 +7,11 @@ own on what is left: greedy backfill gives the hint, CP-SAT improves it while th
 time budget lasts. Optional extras come last. When greedy admitted every gang, one stage
 improves placement quality only.
 
+Before the first stage, the relaxation of :mod:`.bound` is solved once: its bound is the
+reported ``best_bound``, and when the greedy answer falls short of it, a second greedy
+answer guided by the relaxation's choice of gangs (:mod:`.guided`) competes with it; the
+better one is CP-SAT's hint (and the answer if CP-SAT has no time left to search).
+
 The result is used only if it beats the plain greedy answer lexicographically by tier
 (fair-share work, then all work), which with keep-greedy-unless-strictly-better at every
 stage makes "never worse than greedy" hold by construction; the validator still checks it.
@@ -26,7 +31,8 @@ from scheduler.cluster.resources import CPU, MEMORY
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.framework.scoring import NodeScorer
 from scheduler.plugins.packing import PackingScorer
-from scheduler.solver.cpsat import UNITS, CpResult, ModelGang, optimize, work_units
+from scheduler.solver.bound import admission_bound
+from scheduler.solver.cpsat import UNITS, CpResult, ModelGang, Scale, optimize, work_units
 from scheduler.solver.greedy import (
     GangRequest,
     GreedyResult,
@@ -34,13 +40,15 @@ from scheduler.solver.greedy import (
     place_gangs,
     pod_size,
 )
+from scheduler.solver.guided import place_guided, stage_value
 from scheduler.solver.patterns import ClassInfo, pack
 from scheduler.solver.placement import PlacementSettings, PodAssignment
 from scheduler.solver.problem import Problem
 from scheduler.solver.queues import QueueBook
+from scheduler.solver.rows import admission_value, fair_weight
 from scheduler.solver.state import ClassKey, ClusterState
 
-__all__ = ["admission_key", "current_classes", "improve", "model_classes"]
+__all__ = ["admission_key", "current_classes", "improve", "model_classes", "model_gang"]
 
 log = structlog.get_logger(__name__)
 
@@ -90,7 +98,7 @@ def model_classes(initial: list[ClassInfo], touched: set[str], limit: int) -> li
     return out
 
 
-def _model_gang(g: GangRequest, fixed: bool) -> ModelGang:
+def model_gang(g: GangRequest, fixed: bool) -> ModelGang:
     units = work_units(g.ask)
     return ModelGang(g, fixed, max(1, units["gpu"] or units["cpu"]), units, g.ask)
 
@@ -124,7 +132,7 @@ def admission_key(problem: Problem, admitted: set[str]) -> tuple[tuple[int, int]
             row = used.setdefault(g.queue, {})
             for r, v in g.ask.items():
                 row[r] = row.get(r, 0) + v
-        work = sum(_model_gang(g, False).work for g in tier)
+        work = sum(model_gang(g, False).work for g in tier)
         out.append((fair, work))
     return tuple(out)
 
@@ -173,7 +181,8 @@ def improve(
     The status is the CP-SAT status of the first stage that improved, or GREEDY when only
     re-running the greedy by tier did.
 
-    ``state`` has greedy's placement applied on entry and on return.
+    ``state`` has greedy's placement applied on entry; on return it holds the returned
+    assignments, or greedy's placement again when None is returned.
     """
     deadline = time.perf_counter() + settings.time_limit_seconds
     spread = settings.gpu_strategy == "spread"
@@ -204,23 +213,116 @@ def improve(
         presolve=settings.presolve,
         cycle=cycle,
     )
-    hint = _hint(state, greedy.placed, top)
-    first = run(
-        classes=model_classes(initial, set(hint), settings.max_model_classes),
-        gangs=[_model_gang(g, frontier is None or g.priority > frontier) for g in top],
-        hint_nodes=hint,
-        hint_admitted=admitted & {g.key for g in top},
-        time_limit=deadline - time.perf_counter(),
+    model_gangs = [model_gang(g, frontier is None or g.priority > frontier) for g in top]
+    relaxed = admission_bound(
+        classes=initial,
+        gangs=model_gangs,
+        tree=snapshot.queue_tree,
+        report=problem.report,
+        charged={},
+        fair_weight=fair_weight(model_gangs),
+        time_limit=min(0.1, settings.time_limit_seconds / 5),
+        workers=settings.workers,
+        cycle=cycle,
     )
+    greedy_list = greedy.assignments
+    base_placed: Mapping[str, Sequence[PodAssignment]] = greedy.placed
+    base_admitted = admitted & {g.key for g in top}
+    released = guided_better = False
+    if relaxed is not None and relaxed.admitted and frontier is not None:
+        value = admission_value(model_gangs, base_admitted, problem.report, {})
+        if value < relaxed.bound:
+            for a in reversed(greedy_list):
+                state.release(a.pod_uid)
+            released = True
+            fixed = {m.request.key for m in model_gangs if m.fixed}
+            guided = place_guided(
+                state,
+                top,
+                set(relaxed.admitted),
+                fixed,
+                scorer,
+                QueueBook(snapshot.queue_tree, problem.report),
+                spread_devices=spread,
+                cycle=cycle,
+            )
+            for a in reversed(guided.assignments):
+                state.release(a.pod_uid)
+            now = set(guided.placed)
+            if fixed <= now and admission_value(model_gangs, now, problem.report, {}) > value:
+                base_placed, base_admitted, guided_better = guided.placed, now, True
+            log.info(
+                "guided",
+                cycle=cycle,
+                better=guided_better,
+                greedy=value,
+                guided=admission_value(model_gangs, now, problem.report, {}),
+                bound=relaxed.bound,
+                chosen=len(relaxed.admitted),
+                placed=len(now),
+            )
+
+    hint = _hint(state, base_placed, top)
+    classes = model_classes(initial, set(hint), settings.max_model_classes)
+    scale = Scale.of(
+        classes,
+        settings.gpu_strategy,
+        settings.cpu_strategy,
+        quality=quality,
+        exact=initial,
+        pods=sum(len(g.required) for g in top),
+    )
+    admit_bound = relaxed.bound if relaxed is not None else None
+    value_of = partial(stage_value, state, top, model_gangs, problem.report, settings, scale)
+    first: CpResult | None
+    # Greedy's admission already at the relaxation's bound (it cannot be beaten): the model
+    # could only improve placement quality, not worth its build time unless asked for.
+    proven = (
+        frontier is not None
+        and not guided_better
+        and admit_bound is not None
+        and not settings.quality_when_admission_proven
+        and admission_value(model_gangs, base_admitted, problem.report, {}) >= admit_bound
+    )
+    short = guided_better and deadline - time.perf_counter() < settings.time_limit_seconds / 5
+    if proven or short:
+        # (short: too little time left for the model to search; keep the guided answer.)
+        held = () if released else greedy_list
+        base_value = value_of(base_placed, quality=quality, held=held)
+        first = CpResult(
+            status="UNKNOWN",
+            objective=base_value,
+            bound=scale.bound(admit_bound) if admit_bound is not None else 0,
+            greedy_objective=base_value,
+            usable=False,
+            scale=scale,
+        )
+    else:
+        first = run(
+            classes=classes,
+            gangs=model_gangs,
+            hint_nodes=hint,
+            hint_admitted=base_admitted,
+            time_limit=deadline - time.perf_counter(),
+            admit_bound=admit_bound,
+            scale=scale,
+        )
+    if first is not None and guided_better:
+        first.baseline_objective = value_of(greedy.placed, quality=quality)
     first_better = first is not None and first.usable and first.objective > first.greedy_objective
     lower_failed = settings.lower_tier_stages and any(g.key not in admitted for g in lower)
-    if not first_better and not lower_failed:
+    if not first_better and not lower_failed and not guided_better:
+        if released:
+            for a in greedy_list:
+                state.apply(a)
         return first, None, ""
     status = (first.status if first is not None else "") if first_better else ""
+    if guided_better and not first_better and first is not None and first.status == "OPTIMAL":
+        status = first.status  # CP-SAT proved the guided answer optimal for this stage
 
-    greedy_list = greedy.assignments
-    for a in reversed(greedy_list):
-        state.release(a.pod_uid)
+    if not released:
+        for a in reversed(greedy_list):
+            state.release(a.pod_uid)
     out: list[PodAssignment] = []
     try:
         book = QueueBook(snapshot.queue_tree, problem.report)
@@ -228,9 +330,9 @@ def improve(
             out += _apply_patterns(state, first.node_pods, spread)
             now_admitted = set(first.admitted)
         else:
-            now_admitted = admitted & {g.key for g in top}
+            now_admitted = set(base_admitted)
             for g in top:
-                for a in greedy.placed.get(g.key, [])[: len(g.required)]:
+                for a in list(base_placed.get(g.key, []))[: len(g.required)]:
                     state.apply(a)
                     out.append(a)
         for g in top:
@@ -248,7 +350,7 @@ def improve(
                 hint = _hint(state, back.placed, tier)
                 stage = run(
                     classes=model_classes(classes, set(hint), settings.max_model_classes),
-                    gangs=[_model_gang(g, False) for g in tier],
+                    gangs=[model_gang(g, False) for g in tier],
                     hint_nodes=hint,
                     hint_admitted=set(back.placed),
                     time_limit=left,
@@ -275,10 +377,10 @@ def improve(
         log.error("cpsat_disaggregation_failed", cycle=cycle, error=str(e))
         _restore(state, out, greedy_list)
         return first, None, ""
-    _restore(state, out, greedy_list)
     if not first_better and admission_key(problem, now_admitted) <= admission_key(
         problem, admitted
     ):
+        _restore(state, out, greedy_list)
         return first, None, ""
     return first, out, status or "GREEDY"
 

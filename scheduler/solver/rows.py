@@ -11,10 +11,19 @@ from scheduler.cluster.queue import UNLIMITED, QueueTree
 from scheduler.fairness import FairShareReport
 from scheduler.solver.greedy import GangRequest
 
-__all__ = ["UNITS", "ModelGang", "fair_rooms", "queue_rows", "work_units"]
+__all__ = [
+    "UNITS",
+    "ModelGang",
+    "admission_value",
+    "fair_rooms",
+    "fair_weight",
+    "queue_rows",
+    "work_units",
+]
 
 #: Work and fair-share units: a tenth of a GPU, one CPU core.
 UNITS = {"gpu": 100, "cpu": 1000}
+
 
 @dataclass(frozen=True)
 class ModelGang:
@@ -100,3 +109,27 @@ def fair_rooms(
             if room > 0:
                 out[(q, r)] = room
     return out
+
+
+def fair_weight(gangs: Sequence[ModelGang]) -> int:
+    """``K_F``: one unit of work within fair share outweighs all plain work of the model."""
+    return sum(g.work for g in gangs if not g.fixed) + 1
+
+
+def admission_value(
+    gangs: Sequence[ModelGang],
+    admitted: set[str],
+    report: FairShareReport,
+    charged: Mapping[str, Mapping[str, int]],
+) -> int:
+    """The model's admission value ``K_F * sum f + sum work`` of admitting ``admitted``."""
+    got: Counter[tuple[str, str]] = Counter()
+    work = 0
+    for g in gangs:
+        if g.fixed or g.request.key not in admitted:
+            continue
+        work += g.work
+        for r in UNITS:
+            got[(g.request.queue, r)] += g.units[r]
+    fair = sum(min(room, got[key]) for key, room in fair_rooms(gangs, report, charged).items())
+    return fair_weight(gangs) * fair + work

@@ -2,10 +2,12 @@
 
 Pipeline: fair shares and admission order (:mod:`scheduler.fairness`) -> pending gangs split
 into required pods and extras (:mod:`.problem`) -> :class:`~.state.ClusterState` (node
-equivalence classes) -> greedy in admission order (:mod:`.greedy`) -> CP-SAT on the
-aggregated model, stage by priority tier (:mod:`.hybrid`, :mod:`.cpsat`) -> the better
-answer -> :func:`~.validate.validate` (fall back to greedy, then to nothing) ->
-:func:`scheduler.explain.explain_unplaced` for every gang left waiting.
+equivalence classes) -> greedy in admission order (:mod:`.greedy`) -> relaxation bound and
+relaxation-guided greedy, then CP-SAT on the aggregated model, stage by priority tier
+(:mod:`.hybrid`, :mod:`.bound`, :mod:`.guided`, :mod:`.cpsat`) -> the better answer ->
+:func:`~.validate.validate` (fall back to greedy, then to nothing) ->
+:func:`scheduler.explain.explain_unplaced` for every gang left waiting, fed with the node
+classes the solver already has (no second pass over nodes and pods).
 
 Objective, in this order (the greedy follows it by construction of its order; CP-SAT by
 integer weights that make each level dominate the next, see :mod:`.cpsat`):
@@ -35,14 +37,14 @@ import structlog
 
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.explain import explain_unplaced
-from scheduler.explain.capacity import FreeCapacity
+from scheduler.explain.capacity import FreeCapacity, NodeGroup
 from scheduler.fairness import FairShareReport, compute_fair_shares
 from scheduler.framework.scoring import NodeScorer
 from scheduler.plugins.packing import PackingScorer
 from scheduler.solver.cpsat import CpResult
 from scheduler.solver.greedy import place_gangs
-from scheduler.solver.patterns import ClassInfo
 from scheduler.solver.hybrid import current_classes, improve
+from scheduler.solver.patterns import ClassInfo
 from scheduler.solver.placement import (
     GangOutcome,
     Placement,
@@ -119,7 +121,8 @@ def solve(
         if cp_assignments is not None:
             candidates.append((SolveStatus(engine), cp_assignments))
     lap("cpsat")
-    candidates.append((SolveStatus.GREEDY, greedy.assignments))
+    greedy_list = greedy.assignments  # a property that builds a new list: take it once
+    candidates.append((SolveStatus.GREEDY, greedy_list))
     assignments: list[PodAssignment] = []
     status = SolveStatus.EMPTY
     all_violations: list[str] = []
@@ -132,7 +135,8 @@ def solve(
         log.error("placement_invalid", cycle=cycle, engine=engine.value, violations=violations[:20])
     lap("validate")
     explain_started = time.perf_counter()
-    now, before = _capacities(state, initial, greedy.assignments, assignments)
+    held = cp_assignments if cp_assignments is not None else greedy_list
+    now, before = _capacities(state, initial, held, assignments)
     outcomes = _outcomes(problem, assignments, now, before)
     explain_seconds = time.perf_counter() - explain_started
     lap("explain")
@@ -141,7 +145,7 @@ def solve(
         outcomes=outcomes,
         status=status,
         objective=_reported_objective(cp, hybrid=assignments is cp_assignments),
-        greedy_objective=cp.greedy_objective if cp is not None else 0,
+        greedy_objective=cp.plain_objective if cp is not None else 0,
         best_bound=cp.bound if cp is not None else 0,
         build_seconds=build_seconds + (cp.build_seconds if cp is not None else 0.0),
         solve_seconds=cp.solve_seconds if cp is not None else 0.0,
@@ -163,10 +167,13 @@ def solve(
 
 
 def _reported_objective(cp: CpResult | None, *, hybrid: bool) -> int:
-    """The first stage's objective of what is returned (greedy's unless CP-SAT's stage won)."""
+    """The first stage's value of what is returned: CP-SAT's answer if it beat its hint, else
+    the hint's (greedy or relaxation-guided), or the plain greedy's when that is returned."""
     if cp is None:
         return 0
-    if hybrid and cp.usable and cp.objective > cp.greedy_objective:
+    if not hybrid:
+        return cp.plain_objective
+    if cp.usable and cp.objective > cp.greedy_objective:
         return cp.objective
     return cp.greedy_objective
 
@@ -178,7 +185,8 @@ def _capacities(
     final: Sequence[PodAssignment],
 ) -> tuple[FreeCapacity | None, FreeCapacity | None]:
     """Free capacity after ``final`` and before the cycle, from the node classes the solver
-    already has (``state`` holds ``applied``), so the explainer recomputes nothing per node.
+    already has (``state`` holds ``applied``; usually ``final`` itself), so the explainer
+    recomputes nothing per node.
 
     (None, None) when ``state`` cannot be brought to ``final``: the explainer then works
     from the snapshot.
@@ -192,18 +200,18 @@ def _capacities(
         except (KeyError, ValueError):
             log.exception("explain_state_failed")
             return None, None
-    off = [
+    off: list[NodeGroup] = [
         (slot.node, slot.free.items(), slot.gpu_free, 1, False)
         for slot in state.nodes.values()
         if not slot.placeable
     ]
     nodes = state.static_nodes
     now = FreeCapacity.from_groups(
-        [(nodes[k[0]], k[1], k[2], len(m), True) for k, m in state.classes.items()] + off,
+        [*((nodes[k[0]], k[1], k[2], len(m), True) for k, m in state.classes.items()), *off],
         by_name=state.by_name,
     )
     before = FreeCapacity.from_groups(
-        [(nodes[c.key[0]], c.key[1], c.key[2], len(c.members), True) for c in initial] + off,
+        [*((nodes[c.key[0]], c.key[1], c.key[2], len(c.members), True) for c in initial), *off],
         by_name=state.by_name,
     )
     return now, before

@@ -216,9 +216,12 @@ def _queue_violations(snapshot: Snapshot, placed: list[tuple[Pod, PodAssignment]
                 bounded.add(q)
     relevant = {leaf for q in bounded for leaf in (q, *nx.descendants(tree.graph, q))}
     by_leaf: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
-    for p in snapshot.pods:
-        if p.bound and p.managed and p.active and _queue_of(snapshot, p) in relevant:
-            row = by_leaf[_queue_of(snapshot, p)]
+    for p in snapshot.pods if relevant else ():
+        if p.node_name is None or not p.managed or not p.active:
+            continue
+        queue = _queue_of(snapshot, p)
+        if queue in relevant:
+            row = by_leaf[queue]
             for r, v in pod_queue_usage(p).items():
                 row[r] += v
     before: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))

@@ -411,3 +411,27 @@ def test_queue_limit_units(resource: str, limit: int, used: int, ask: int, messa
         )
         is None
     )
+
+
+def test_solver_reasons_match_explaining_from_the_snapshot() -> None:
+    # The solver hands the explainer its own grouped free capacity and the explainer answers
+    # once per class of equal gangs; both shortcuts must give the same words as explaining
+    # every gang from the snapshot.
+    from scheduler.bench.synthetic import ClusterSpec, synthetic_snapshot
+    from scheduler.solver import PlacementSettings, solve
+
+    snap = synthetic_snapshot(ClusterSpec(120, 8, 90, 0.8, 7, 2, (50, 100)))
+    report = compute_fair_shares(snap)
+    placement = solve(snap, PlacementSettings(time_limit_seconds=0.2), report)
+    waiting = [k for k, o in placement.outcomes.items() if not o.placed]
+    assert len({placement.outcomes[k].reason_code for k in waiting}) >= 2
+    expected = {  # one call per gang: no sharing between gangs at all
+        k: explain_unplaced(snap, report, placement.assignments, [k])[k] for k in waiting
+    }
+    got = {k: (placement.outcomes[k].reason_code, placement.outcomes[k].reason) for k in waiting}
+    assert got == expected
+    for key in waiting:  # messages name their own gang and pods, not a cached neighbour's
+        name = key.split("/")[1]
+        message = got[key][1]
+        if "pod default/" in message:
+            assert f"pod default/{name}-" in message, message

@@ -303,3 +303,18 @@ def test_solver_engine_is_close_to_the_array_engine(tmp_path: Path) -> None:
     live = replay(nodes, pods, ReplaySettings(batch=32), engine="solver")
     assert live.placements and fast.placements
     assert abs(live.allocated_milli - fast.allocated_milli) <= 0.03 * fast.capacity_milli
+
+
+def test_share_gap_bound_is_tight_on_a_single_size_workload() -> None:
+    """Ten 1-GPU nodes, thirteen 810-milli pods: any scheduler ends at 81 %, and so do we."""
+    from scheduler.bench.openb import share_gap_bound
+    from scheduler.simulate.trace import TraceNode, TracePod
+
+    nodes = [TraceNode(f"n{i}", 8000, 8192, 1, "T4") for i in range(10)]
+    pods = [TracePod(f"p{i}", 1000, 1024, 1, 810) for i in range(13)]
+    assert share_gap_bound(pods, 10_000) == pytest.approx(81.0)
+    result = replay(nodes, pods, ReplaySettings())
+    assert result.allocated_milli == 8100
+    # Small pods can fill the gaps, and the bound says so.
+    filler = [TracePod(f"s{i}", 100, 64, 1, 190) for i in range(10)]
+    assert share_gap_bound(pods + filler, 10_000) == pytest.approx(100.0)
