@@ -48,6 +48,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="comma-separated priorities drawn for pending gangs (>= 100: non-preemptible)",
     )
     p.add_argument("--greedy-only", action="store_true")
+    p.add_argument(
+        "--lower-tier-stages",
+        action="store_true",
+        help="also optimise priorities below the first stage (PlacementSettings)",
+    )
     p.add_argument("--gpu-strategy", choices=["binpack", "spread"], default="binpack")
     return p
 
@@ -71,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         time_limit_seconds=args.time_limit,
         workers=args.workers,
         greedy_only=args.greedy_only,
+        lower_tier_stages=args.lower_tier_stages,
     )
     seconds: list[float] = []
     cpu: list[float] = []  # process CPU time (all threads): comparable under contention
@@ -122,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         "jitter": args.jitter,
         "priorities": args.priorities,
         "greedy_only": args.greedy_only,
+        "lower_tier_stages": args.lower_tier_stages,
         "cycle_seconds_p50": round(statistics.median(seconds), 4),
         "cycle_seconds_p95": round(_pct(seconds, 0.95), 4),
         "cycle_seconds": [round(s, 3) for s in seconds],

@@ -158,9 +158,13 @@ def resolve(
         if rec.problem is not None:
             problems.append(rec.problem)
         pod = rec.pod
-        if pod is None or not pod.active or (not pod.managed and not pod.bound):
-            # Unreadable and unbound, finished, or another scheduler's pending pod:
+        if pod is None or (not pod.managed and not (pod.bound and pod.active)):
+            # Unreadable and unbound, or another scheduler's pending or finished pod:
             # it holds nothing and is not ours to place.
+            continue
+        if not pod.active and not rec.group:
+            # A finished pod of ours outside a PodGroup matters to nobody; a finished gang
+            # member stays, inactive, so its gang's progress and status count it.
             continue
         changes: dict[str, Any] = {}
         if not rec.has_priority and rec.priority_class in priorities:

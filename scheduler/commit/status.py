@@ -117,7 +117,17 @@ def _podgroup_body(gang: Gang, pods: list[Pod], outcome: GangOutcome | None) -> 
         "succeeded": sum(1 for p in pods if p.phase == PodPhase.SUCCEEDED),
         "failed": sum(1 for p in pods if p.phase == PodPhase.FAILED),
     }
-    if counted >= gang.min_member:
+    if pods and not any(p.active for p in pods):
+        # Every member finished: the gang is done, whatever the scheduler did before.
+        body["phase"] = "Failed" if body["failed"] else "Succeeded"
+        condition = {
+            "type": "Unschedulable",
+            "status": "False",
+            "reason": body["phase"],
+            "message": f"{body['succeeded']} succeeded, {body['failed']} failed",
+        }
+        body["schedulingConditions"] = []
+    elif counted >= gang.min_member:
         body["phase"] = "Running"
         condition = {
             "type": "Unschedulable",

@@ -83,9 +83,11 @@ class WatchSettings:
     min_watch_seconds: float = 1.0
 
 
-#: Server-side filters per kind: finished pods hold nothing, so the API server drops them (a pod
-#: that finishes arrives as DELETED), as kube-scheduler's informer does.
-FIELD_SELECTORS: dict[str, str] = {"Pod": "status.phase!=Succeeded,status.phase!=Failed"}
+#: Server-side filters per kind. Finished pods are NOT filtered (unlike kube-scheduler's
+#: informer): a gang member that succeeded still counts toward its gang's minMember, so a gang
+#: whose first workers finish is neither reported as partial nor evicted as stale, and its
+#: PodGroup can report Succeeded. They hold no resources (see Pod.active).
+FIELD_SELECTORS: dict[str, str] = {}
 
 
 class _Relist(Exception):

@@ -344,6 +344,12 @@ def improve(
             back = place_gangs(
                 state, tier, scorer, book=book, extras=False, spread_devices=spread, cycle=cycle
             )
+            left = deadline - time.perf_counter()
+            plain = back
+            if settings.lower_tier_stages and len(back.placed) < len(tier) and left > 0.02:
+                back = _guided_tier(
+                    snapshot, problem, state, tier, classes, before, back, book, scorer, left
+                )
             chosen, chosen_admitted = back.assignments, set(back.placed)
             left = deadline - time.perf_counter()
             if settings.lower_tier_stages and len(back.placed) < len(tier) and left > 0.02:
@@ -367,6 +373,8 @@ def improve(
                     for key in chosen_admitted:
                         book.charge(by_key[key].queue, by_key[key].ask)
                     status = status or stage.status
+                elif stage is not None and back is not plain and stage.status == "OPTIMAL":
+                    status = status or stage.status  # proved the guided answer optimal
             out += chosen
             now_admitted |= chosen_admitted
         extra = place_extra_pods(
@@ -383,6 +391,53 @@ def improve(
         _restore(state, out, greedy_list)
         return first, None, ""
     return first, out, status or "GREEDY"
+
+
+def _guided_tier(
+    snapshot: Snapshot,
+    problem: Problem,
+    state: ClusterState,
+    tier: Sequence[GangRequest],
+    classes: Sequence[ClassInfo],
+    before: Mapping[str, Mapping[str, int]],
+    back: GreedyResult,
+    book: QueueBook,
+    scorer: NodeScorer,
+    left: float,
+) -> GreedyResult:
+    """A lower tier's greedy backfill ``back`` (applied to ``state`` and charged to ``book``),
+    or the relaxation-guided answer for the tier when that admits more (then applied and
+    charged instead). ``classes`` and ``before`` are the state and charges before ``back``."""
+    gangs = [model_gang(g, False) for g in tier]
+    spread = isinstance(scorer, PackingScorer) and scorer.gpu_strategy == "spread"
+    relaxed = admission_bound(
+        classes=classes,
+        gangs=gangs,
+        tree=snapshot.queue_tree,
+        report=problem.report,
+        charged=before,
+        fair_weight=fair_weight(gangs),
+        time_limit=min(0.1, left / 3),
+        workers=1,
+    )
+    value = admission_value(gangs, set(back.placed), problem.report, before)
+    if relaxed is None or not relaxed.admitted or value >= relaxed.bound:
+        return back
+    for a in reversed(back.assignments):
+        state.release(a.pod_uid)
+    tier_book = QueueBook(snapshot.queue_tree, problem.report)
+    tier_book.charged = {q: dict(row) for q, row in before.items()}
+    guided = place_guided(
+        state, tier, set(relaxed.admitted), set(), scorer, tier_book, spread_devices=spread
+    )
+    if admission_value(gangs, set(guided.placed), problem.report, before) > value:
+        book.charged = tier_book.charged
+        return guided
+    for a in reversed(guided.assignments):
+        state.release(a.pod_uid)
+    for a in back.assignments:
+        state.apply(a)
+    return back
 
 
 def _restore(state: ClusterState, out: list[PodAssignment], greedy: list[PodAssignment]) -> None:

@@ -202,6 +202,14 @@ def test_gang_training_job_binds_three_workers_in_one_cycle(
         "wait", "--for=condition=Complete", "job/llm-train", "-n", namespace, "--timeout=60s",
         timeout=75,
     )  # fmt: skip
+    # Finished members still count: the PodGroup reports Succeeded, not a partial gang.
+    status = wait_for(
+        "the PodGroup to report Succeeded",
+        lambda: (s := _podgroup(cp, namespace, "llm-train")).get("phase") == "Succeeded" and s,
+        timeout=30,
+        logs=sched,
+    )
+    assert status["succeeded"] == 3, status
     assert not forbidden_lines(sched), forbidden_lines(sched)
 
 

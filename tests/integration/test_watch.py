@@ -187,13 +187,21 @@ async def test_watch_sees_every_kind_created_updated_deleted(
             )
 
         await eventually("deletions", gone)
-        # A finished pod holds nothing: the server-side filter turns it into a deletion.
+        # A finished pod stays known (its gang counts it) but holds nothing and waits for nothing.
         await kubectl(
             cp, "patch", "pod", "w1", "-n", namespace, "--subresource=status",
             "--type=merge", "-p", '{"status": {"phase": "Succeeded"}}',
         )  # fmt: skip
-        await eventually(
-            "the finished pod leaving the cache", lambda: cache.raw("Pod", namespace, "w1") is None
+
+        def finished() -> bool:
+            raw = cache.raw("Pod", namespace, "w1")
+            return raw is not None and (raw.get("status") or {}).get("phase") == "Succeeded"
+
+        await eventually("the finished pod in the cache", finished)
+        assert not any(
+            p.pending or p.active
+            for p in cache.snapshot().pods
+            if p.namespace == namespace and p.name == "w1"
         )
         # The members now name a missing PodGroup: not scheduled, and a problem says why.
         problems = {(p.kind, p.name): p for p in cache.problems() if p.namespace == namespace}

@@ -299,6 +299,20 @@ def test_finished_pods_are_left_out(cache: Cache) -> None:
     assert snap.pods == () and snap.node_states()["n1"].whole_free_gpus == 8
 
 
+def test_finished_gang_members_stay_inactive(cache: Cache) -> None:
+    cache.apply("Node", "ADDED", node("n1", gpus=8))
+    cache.apply("PodGroup", "ADDED", podgroup("train", minMember=2))
+    done = pod("w0", gpus=4, node_name="n1", phase="Succeeded", group="train")
+    running = pod("w1", gpus=4, node_name="n1", phase="Running", group="train")
+    cache.apply("Pod", "ADDED", done)
+    cache.apply("Pod", "ADDED", running)
+    snap = cache.snapshot()
+    members = {p.name: p for p in snap.pods_by_gang["ns/train"]}
+    assert set(members) == {"w0", "w1"}
+    assert not members["w0"].active and members["w1"].active
+    assert snap.node_states()["n1"].whole_free_gpus == 4  # only the running member holds GPUs
+
+
 def test_assume_counts_the_pod_as_bound_until_forgotten(cache: Cache) -> None:
     cache.apply("Node", "ADDED", node("n1", gpus=2))
     cache.apply("Pod", "ADDED", pod("frac", annotations={"gpu-fraction": "0.5"}))
