@@ -58,11 +58,25 @@ def crd_quantity(resource: str, amount: int) -> int | str:
 def queue_status_body(report: FairShareReport, name: str) -> dict[str, Any]:
     """The ``status`` of Queue ``name`` from this cycle's fair-share report."""
     q = report.queues[name]
+    finding = next((f for f in report.findings if f.queue == name), None)
+    # A tree problem (unknown parent, cycle) can only be seen across objects, so the API server
+    # cannot reject it: the queue says so itself, and its gangs wait until it is fixed.
+    condition = (
+        {"type": "Valid", "status": "True", "reason": "Valid", "message": ""}
+        if finding is None
+        else {
+            "type": "Valid",
+            "status": "False",
+            "reason": "InvalidQueueTree",
+            "message": f"{finding.field}: {finding.message}",
+        }
+    )
     return {
         "allocated": {r: crd_quantity(r, q.allocated.get(r, 0)) for r in QUEUE_RESOURCES},
         "requested": {r: crd_quantity(r, q.requested.get(r, 0)) for r in QUEUE_RESOURCES},
         "fairShare": {r: crd_quantity(r, q.fair_share.get(r, 0)) for r in QUEUE_RESOURCES},
         "childQueues": list(getattr(q, "children", ()) or ()),
+        "conditions": [condition],
     }
 
 
