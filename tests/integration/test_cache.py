@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -19,39 +17,17 @@ from scheduler.k8s.errors import Conflict
 from scheduler.k8s.resources import POD
 from scheduler.k8s.watch import Watcher, WatchSettings
 from testenv.controlplane import ControlPlane
+from tests.integration.support import SCHED, eventually, install_crds, kubectl
 
 pytestmark = pytest.mark.e2e
 
-SCHED = "kai-scheduler"
-REPO = Path(__file__).resolve().parents[2]
 FAST = WatchSettings(watch_timeout=5, backoff_base=0.1, backoff_max=0.5, read_grace=5)
 
 
 @pytest.fixture(scope="module")
 def crds(control_plane: ControlPlane) -> None:
-    """Our CRDs installed and Established (idempotent across modules)."""
-    control_plane.kubectl("apply", "-f", str(REPO / "crds"))
-    control_plane.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s",
-        "crd/queues.scheduling.run.ai", "crd/podgroups.scheduling.run.ai",
-        timeout=75,
-    )  # fmt: skip
-
-
-async def kubectl(cp: ControlPlane, *args: str, input: str | None = None) -> str:
-    result = await asyncio.to_thread(cp.kubectl, *args, input=input)
-    return result.stdout
-
-
-async def eventually(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value {last!r}")
+    """Our CRDs installed and Established."""
+    install_crds(control_plane)
 
 
 def pod_manifest(name: str, annotations: dict[str, str] | None = None, gpus: int = 0) -> str:

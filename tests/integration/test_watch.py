@@ -10,7 +10,7 @@ import datetime as dt
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +36,8 @@ from scheduler.k8s.errors import (
 from scheduler.k8s.resources import LEASE, NODE, POD, ResourceKind
 from scheduler.k8s.watch import Watcher, WatchSettings
 from testenv.controlplane import ControlPlane
+from tests.integration.support import SCHED, eventually, install_crds, kubectl
 
-SCHED = "kai-scheduler"
-REPO = Path(__file__).resolve().parents[2]
 FAST = WatchSettings(watch_timeout=2, backoff_base=0.1, backoff_max=0.5, read_grace=5)
 
 
@@ -47,30 +46,8 @@ FAST = WatchSettings(watch_timeout=2, backoff_base=0.1, backoff_max=0.5, read_gr
 
 @pytest.fixture(scope="module")
 def crds(control_plane: ControlPlane) -> None:
-    """Our CRDs installed and Established (idempotent across modules)."""
-    control_plane.kubectl("apply", "-f", str(REPO / "crds"))
-    control_plane.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s",
-        "crd/queues.scheduling.run.ai", "crd/podgroups.scheduling.run.ai",
-        timeout=75,
-    )  # fmt: skip
-
-
-async def kubectl(cp: ControlPlane, *args: str, input: str | None = None) -> str:
-    """kubectl off the event loop, so watches keep reading meanwhile."""
-    result = await asyncio.to_thread(cp.kubectl, *args, input=input)
-    return result.stdout
-
-
-async def eventually(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value {last!r}")
+    """Our CRDs installed and Established."""
+    install_crds(control_plane)
 
 
 def pod_manifest(
