@@ -367,3 +367,13 @@ def start_scheduler(
         # Kept next to the control plane's logs for post-mortems of flaky runs.
         shutil.copyfile(proc.log_path, keep / f"{request.node.name}-{proc.name}.log")
         print(f"\n===== {proc.name} (exit {code}) log tail =====\n{proc.log_tail(120)}")
+
+
+def run_tag() -> dict[str, str]:
+    """A label unique to one test, to select exactly the objects it made."""
+    return {"kai-e2e": uuid.uuid4().hex[:10]}
+
+
+def bound_nodes(pods: list[dict[str, Any]]) -> dict[str, str]:
+    """Pod name -> node name, for the pods that are bound."""
+    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")}

@@ -17,23 +17,17 @@ import pytest
 from tests.e2e.scheduler_process import (
     KaiCluster,
     StartScheduler,
+    bound_nodes,
     kai_cluster,
     kubectl_json,
     pod_manifest,
+    run_tag,
     start_scheduler,
     wait_for,
 )
 
 pytestmark = pytest.mark.e2e
 __all__ = ["kai_cluster", "start_scheduler"]  # fixtures used by this module
-
-
-def _tag() -> dict[str, str]:
-    return {"kai-e2e": uuid.uuid4().hex[:10]}
-
-
-def _bound(pods: list[dict[str, Any]]) -> dict[str, str]:
-    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")}
 
 
 def _condition(pod: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -58,7 +52,7 @@ def test_deployment_of_five_gpu_pods_runs(
     namespace: str,
     make_gpu_nodes: Any,
 ) -> None:
-    tag = _tag()
+    tag = run_tag()
     nodes = make_gpu_nodes(2, gpus=4, labels=tag)
     sched = start_scheduler()
     template = pod_manifest("x", gpus=1, node_selector=tag, labels={"app": "five"})
@@ -84,17 +78,17 @@ def test_deployment_of_five_gpu_pods_runs(
         return pods if len(ok) == 5 and len(pods) == 5 else None
 
     pods = wait_for("5 Running pods", running, timeout=60, logs=sched)
-    assert set(_bound(pods).values()) <= set(nodes)
+    assert set(bound_nodes(pods).values()) <= set(nodes)
     # GPUs fit: at most 4 single-GPU pods per 4-GPU node, and each has a device grant.
     per_node: dict[str, int] = {}
-    for node in _bound(pods).values():
+    for node in bound_nodes(pods).values():
         per_node[node] = per_node.get(node, 0) + 1
     assert max(per_node.values()) <= 4
     for p in pods:
         grant = p["metadata"].get("annotations", {}).get("kai.scheduler/gpu-grant")
         assert grant is not None and sum(json.loads(grant).values()) == 1000
     scheduled = [e for e in kai_cluster.events(namespace) if e["reason"] == "Scheduled"]
-    assert {e["involvedObject"]["name"] for e in scheduled} == set(_bound(pods))
+    assert {e["involvedObject"]["name"] for e in scheduled} == set(bound_nodes(pods))
     assert sched.running()
 
 
@@ -104,12 +98,12 @@ def test_gang_waits_for_room_then_binds_whole(
     namespace: str,
     make_gpu_nodes: Any,
 ) -> None:
-    tag = _tag()
+    tag = run_tag()
     make_gpu_nodes(2, gpus=4, labels=tag)
     sched = start_scheduler()
     # Take 2 of the 8 GPUs so only 6 are free: 4 pods x 2 GPUs cannot all fit.
     kai_cluster.create(pod_manifest("blocker", gpus=2, node_selector=tag), namespace=namespace)
-    wait_for("blocker bound", lambda: _bound(kai_cluster.pods(namespace)), logs=sched)
+    wait_for("blocker bound", lambda: bound_nodes(kai_cluster.pods(namespace)), logs=sched)
     podgroup = {
         "apiVersion": "scheduling.run.ai/v2alpha2",
         "kind": "PodGroup",
@@ -131,13 +125,13 @@ def test_gang_waits_for_room_then_binds_whole(
 
     messages = wait_for("PodScheduled=False on the 4 members", all_waiting, logs=sched)
     gang_pods = [p for p in kai_cluster.pods(namespace) if p["metadata"]["name"] != "blocker"]
-    assert not _bound(gang_pods), "no member may be bound while the gang cannot fit"
+    assert not bound_nodes(gang_pods), "no member may be bound while the gang cannot fit"
     assert all("train" in m for m in messages.values()), messages
     # A few more cycles: still nothing bound.
 
     time.sleep(1.5)
     gang_pods = [p for p in kai_cluster.pods(namespace) if p["metadata"]["name"] != "blocker"]
-    assert not _bound(gang_pods)
+    assert not bound_nodes(gang_pods)
     pg = kai_cluster.cp.kubectl(
         "get", "podgroup", "train", "-n", namespace, "-o", "jsonpath={.status.phase}"
     ).stdout
@@ -148,7 +142,7 @@ def test_gang_waits_for_room_then_binds_whole(
     )
 
     def all_bound() -> dict[str, str] | None:
-        b = _bound(kai_cluster.pods(namespace))
+        b = bound_nodes(kai_cluster.pods(namespace))
         return b if len(b) == 4 else None
 
     bound = wait_for("all 4 members bound", all_bound, timeout=30, logs=sched)
@@ -171,7 +165,7 @@ def test_queue_gpu_limit_caps_binds(
     namespace: str,
     make_gpu_nodes: Any,
 ) -> None:
-    tag = _tag()
+    tag = run_tag()
     make_gpu_nodes(1, gpus=8, labels=tag)
     queue = f"team-{uuid.uuid4().hex[:6]}"
     kai_cluster.apply(
@@ -192,14 +186,14 @@ def test_queue_gpu_limit_caps_binds(
 
         def settled() -> tuple[dict[str, str], dict[str, str]] | None:
             current = kai_cluster.pods(namespace)
-            bound, waiting = _bound(current), _unschedulable_messages(current)
+            bound, waiting = bound_nodes(current), _unschedulable_messages(current)
             return (bound, waiting) if len(bound) == 4 and len(waiting) == 2 else None
 
         _, waiting = wait_for("4 bound and 2 waiting", settled, logs=sched)
         assert all("limit" in m and queue in m for m in waiting.values()), waiting
 
         time.sleep(1.5)  # more cycles never bind past the limit
-        assert len(_bound(kai_cluster.pods(namespace))) == 4
+        assert len(bound_nodes(kai_cluster.pods(namespace))) == 4
         status = kai_cluster.cp.kubectl(
             "get", "queue", queue, "-o", "jsonpath={.status.allocated.gpu}"
         ).stdout

@@ -14,23 +14,17 @@ import yaml
 from tests.e2e.scheduler_process import (
     KaiCluster,
     StartScheduler,
+    bound_nodes,
     kai_cluster,
     kubectl_json,
     pod_manifest,
+    run_tag,
     start_scheduler,
     wait_for,
 )
 
 pytestmark = pytest.mark.e2e
 __all__ = ["kai_cluster", "start_scheduler"]  # fixtures used by this module
-
-
-def _tag() -> dict[str, str]:
-    return {"kai-e2e": uuid.uuid4().hex[:10]}
-
-
-def _bound(pods: list[dict[str, Any]]) -> dict[str, str]:
-    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")}
 
 
 def _events_for(cluster: KaiCluster, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
@@ -47,7 +41,7 @@ def test_malformed_input_becomes_events_and_others_still_run(
     namespace: str,
     make_gpu_nodes: Any,
 ) -> None:
-    tag = _tag()
+    tag = run_tag()
     nodes = make_gpu_nodes(1, gpus=4, labels={**tag, "nvidia.com/gpu.memory": "lots"})
     sched = start_scheduler()
     missing_queue = f"no-such-queue-{uuid.uuid4().hex[:6]}"
@@ -64,7 +58,7 @@ def test_malformed_input_becomes_events_and_others_still_run(
         namespace=namespace,
     )
 
-    bound = wait_for("good pod bound", lambda: _bound(kai_cluster.pods(namespace)), logs=sched)
+    bound = wait_for("good pod bound", lambda: bound_nodes(kai_cluster.pods(namespace)), logs=sched)
     assert bound == {"good": nodes[0]}
 
     def event(kind: str, name: str, ns: str = namespace) -> list[dict[str, Any]]:
@@ -86,7 +80,9 @@ def test_malformed_input_becomes_events_and_others_still_run(
     assert waiting and missing_queue in waiting[0].get("message", ""), conditions
     # The process survived all of it and keeps scheduling.
     kai_cluster.create(pod_manifest("later", gpus=1, node_selector=tag), namespace=namespace)
-    wait_for("later pod bound", lambda: "later" in _bound(kai_cluster.pods(namespace)), logs=sched)
+    wait_for(
+        "later pod bound", lambda: "later" in bound_nodes(kai_cluster.pods(namespace)), logs=sched
+    )
     assert sched.running()
 
 
@@ -109,7 +105,7 @@ def test_metrics_probes_and_json_logs(
     namespace: str,
     make_gpu_nodes: Any,
 ) -> None:
-    tag = _tag()
+    tag = run_tag()
     make_gpu_nodes(1, gpus=2, labels=tag)
     sched = start_scheduler()
     assert sched.get("/healthz")[0] == 200
@@ -118,7 +114,7 @@ def test_metrics_probes_and_json_logs(
         *(pod_manifest(f"m-{i}", gpus=1, node_selector=tag) for i in range(3)),
         namespace=namespace,
     )
-    wait_for("2 bound", lambda: len(_bound(kai_cluster.pods(namespace))) == 2, logs=sched)
+    wait_for("2 bound", lambda: len(bound_nodes(kai_cluster.pods(namespace))) == 2, logs=sched)
 
     def scraped() -> str | None:
         text = sched.metrics()
@@ -153,15 +149,17 @@ def test_binpack_fills_a_node_spread_spreads(
     make_gpu_nodes: Any,
     strategy: str,
 ) -> None:
-    tag = _tag()
+    tag = run_tag()
     nodes = make_gpu_nodes(3, gpus=4, labels=tag)
     sched = start_scheduler(config={"placement": {"gpu": strategy, "cpu": strategy}})
     for i in range(3):  # one at a time, so each decision sees the previous ones
         kai_cluster.create(pod_manifest(f"s-{i}", gpus=1, node_selector=tag), namespace=namespace)
         wait_for(
-            f"s-{i} bound", lambda i=i: f"s-{i}" in _bound(kai_cluster.pods(namespace)), logs=sched
+            f"s-{i} bound",
+            lambda i=i: f"s-{i}" in bound_nodes(kai_cluster.pods(namespace)),
+            logs=sched,
         )
-    per_node = Counter(_bound(kai_cluster.pods(namespace)).values())
+    per_node = Counter(bound_nodes(kai_cluster.pods(namespace)).values())
     assert set(per_node) <= set(nodes)
     if strategy == "binpack":
         assert sorted(per_node.values()) == [3], per_node
@@ -178,7 +176,7 @@ def test_kube_api_server_flag_overrides_the_kubeconfig(
     make_gpu_nodes: Any,
     tmp_path: Any,
 ) -> None:
-    tag = _tag()
+    tag = run_tag()
     make_gpu_nodes(1, gpus=1, labels=tag)
     config = yaml.safe_load(kai_cluster.kubeconfig.read_text())
     config["clusters"][0]["cluster"]["server"] = "https://127.0.0.1:1"  # nothing listens here
@@ -194,7 +192,7 @@ def test_kube_api_server_flag_overrides_the_kubeconfig(
     kai_cluster.create(pod_manifest("p", gpus=1, node_selector=tag), namespace=namespace)
     wait_for(
         "bound through the overriding server",
-        lambda: _bound(kai_cluster.pods(namespace)),
+        lambda: bound_nodes(kai_cluster.pods(namespace)),
         logs=sched,
     )
     assert any(

@@ -19,8 +19,10 @@ from tests.e2e.scheduler_process import (
     KaiCluster,
     SchedulerProcess,
     StartScheduler,
+    bound_nodes,
     kai_cluster,
     pod_manifest,
+    run_tag,
     start_scheduler,
     wait_for,
 )
@@ -30,14 +32,6 @@ __all__ = ["kai_cluster", "start_scheduler"]  # fixtures used by this module
 
 #: Short Lease timings so failover tests take seconds.
 FAST_LEASE = {"leaseDuration": "3s", "renewDeadline": "2s", "retryPeriod": "500ms"}
-
-
-def _tag() -> dict[str, str]:
-    return {"kai-e2e": uuid.uuid4().hex[:10]}
-
-
-def _bound(pods: list[dict[str, Any]]) -> dict[str, str]:
-    return {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")}
 
 
 def _bind_logs(*procs: SchedulerProcess) -> Counter[str]:
@@ -88,20 +82,22 @@ def test_kill_9_mid_run_then_restart_binds_each_pod_once(
     namespace: str,
     make_gpu_nodes: Any,
 ) -> None:
-    tag = _tag()
+    tag = run_tag()
     make_gpu_nodes(6, gpus=8, labels=tag)
     first = start_scheduler(name="first")
     objs = _workload(tag, gangs=4, members=4, singles=24)
     total = sum(1 for o in objs if o["kind"] == "Pod")
     kai_cluster.create(*objs, namespace=namespace)
-    wait_for("some binds", lambda: _bound(kai_cluster.pods(namespace)), interval=0.05, logs=first)
+    wait_for(
+        "some binds", lambda: bound_nodes(kai_cluster.pods(namespace)), interval=0.05, logs=first
+    )
     first.kill()
-    after_kill = len(_bound(kai_cluster.pods(namespace)))
+    after_kill = len(bound_nodes(kai_cluster.pods(namespace)))
     second = start_scheduler(name="second")
 
     def all_bound() -> list[dict[str, Any]] | None:
         pods = kai_cluster.pods(namespace)
-        return pods if len(_bound(pods)) == total else None
+        return pods if len(bound_nodes(pods)) == total else None
 
     pods = wait_for(f"all {total} pods bound", all_bound, timeout=60, logs=[first, second])
     counts = _bind_logs(first, second)
@@ -126,7 +122,7 @@ def test_two_replicas_only_leader_binds_and_standby_takes_over(
     namespace: str,
     make_gpu_nodes: Any,
 ) -> None:
-    tag = _tag()
+    tag = run_tag()
     make_gpu_nodes(2, gpus=8, labels=tag)
     lease = {"leaseName": f"kai-e2e-{uuid.uuid4().hex[:6]}", **FAST_LEASE}
     config = {"leaderElection": lease}
@@ -138,7 +134,9 @@ def test_two_replicas_only_leader_binds_and_standby_takes_over(
         *(pod_manifest(f"one-{i}", gpus=1, node_selector=tag) for i in range(4)),
         namespace=namespace,
     )
-    wait_for("first 4 bound", lambda: len(_bound(kai_cluster.pods(namespace))) == 4, logs=[a, b])
+    wait_for(
+        "first 4 bound", lambda: len(bound_nodes(kai_cluster.pods(namespace))) == 4, logs=[a, b]
+    )
     assert not _leader(b)
     assert sum(_bind_logs(a).values()) == 4
     assert sum(_bind_logs(b).values()) == 0
@@ -151,7 +149,7 @@ def test_two_replicas_only_leader_binds_and_standby_takes_over(
     wait_for("replica-b takes over", lambda: _leader(b), timeout=20, logs=[a, b])
     wait_for(
         "all 8 bound",
-        lambda: len(_bound(kai_cluster.pods(namespace))) == 8,
+        lambda: len(bound_nodes(kai_cluster.pods(namespace))) == 8,
         timeout=30,
         logs=[a, b],
     )
@@ -167,7 +165,7 @@ def test_sigterm_releases_the_lease_for_a_fast_handover(
     namespace: str,
     make_gpu_nodes: Any,
 ) -> None:
-    tag = _tag()
+    tag = run_tag()
     make_gpu_nodes(1, gpus=4, labels=tag)
     # A long lease: only an explicit release lets the standby lead within the wait below.
     lease = {
@@ -182,7 +180,7 @@ def test_sigterm_releases_the_lease_for_a_fast_handover(
     assert a.stop() == 0
     wait_for("b leads soon after a's SIGTERM", lambda: _leader(b), timeout=8, logs=[a, b])
     kai_cluster.create(pod_manifest("after", gpus=1, node_selector=tag), namespace=namespace)
-    wait_for("b binds", lambda: _bound(kai_cluster.pods(namespace)), logs=b)
+    wait_for("b binds", lambda: bound_nodes(kai_cluster.pods(namespace)), logs=b)
 
 
 def test_gang_left_partial_is_evicted_after_its_grace_period(
@@ -191,7 +189,7 @@ def test_gang_left_partial_is_evicted_after_its_grace_period(
     namespace: str,
     make_gpu_nodes: Any,
 ) -> None:
-    tag = _tag()
+    tag = run_tag()
     make_gpu_nodes(1, gpus=4, labels=tag)
     sched = start_scheduler()
     kai_cluster.create(
@@ -209,7 +207,7 @@ def test_gang_left_partial_is_evicted_after_its_grace_period(
         ),
         namespace=namespace,
     )
-    wait_for("pair bound", lambda: len(_bound(kai_cluster.pods(namespace))) == 2, logs=sched)
+    wait_for("pair bound", lambda: len(bound_nodes(kai_cluster.pods(namespace))) == 2, logs=sched)
     # A member disappears: the gang is partial and holds a GPU it cannot use.
     kai_cluster.cp.kubectl(
         "delete", "pod", "pair-0", "-n", namespace, "--grace-period=0", "--force"
@@ -236,7 +234,7 @@ def test_api_server_restart_while_pods_pend(
     namespace: str,
     make_gpu_nodes: Any,
 ) -> None:
-    tag = _tag()
+    tag = run_tag()
     sched = start_scheduler()
     # No node matches yet: the pods pend, and the scheduler says so.
     kai_cluster.create(
@@ -260,7 +258,7 @@ def test_api_server_restart_while_pods_pend(
     make_gpu_nodes(1, gpus=4, labels=tag)
     wait_for(
         "all 3 bound after the restart",
-        lambda: len(_bound(kai_cluster.pods(namespace))) == 3,
+        lambda: len(bound_nodes(kai_cluster.pods(namespace))) == 3,
         timeout=60,
         logs=sched,
     )
@@ -274,7 +272,7 @@ def test_fractional_grants_survive_a_restart(
     namespace: str,
     make_gpu_nodes: Any,
 ) -> None:
-    tag = _tag()
+    tag = run_tag()
     make_gpu_nodes(1, gpus=2, labels=tag)
     first = start_scheduler(name="first")
     halves = [
@@ -282,7 +280,9 @@ def test_fractional_grants_survive_a_restart(
         for i in range(3)
     ]
     kai_cluster.create(*halves, namespace=namespace)
-    wait_for("3 halves bound", lambda: len(_bound(kai_cluster.pods(namespace))) == 3, logs=first)
+    wait_for(
+        "3 halves bound", lambda: len(bound_nodes(kai_cluster.pods(namespace))) == 3, logs=first
+    )
     first.kill()
     # The restarted scheduler knows the devices only from the grant annotations: 1.5 of 2
     # GPUs are taken, so one more half fits and a whole GPU does not.
@@ -294,11 +294,11 @@ def test_fractional_grants_survive_a_restart(
     )
     wait_for(
         "the 4th half bound",
-        lambda: "h-3" in _bound(kai_cluster.pods(namespace)),
+        lambda: "h-3" in bound_nodes(kai_cluster.pods(namespace)),
         logs=[first, second],
     )
     pods = kai_cluster.pods(namespace)
-    assert "whole" not in _bound(pods)
+    assert "whole" not in bound_nodes(pods)
     _assert_devices_not_shared(pods)
     grants = [
         json.loads(p["metadata"]["annotations"]["kai.scheduler/gpu-grant"])
