@@ -26,6 +26,7 @@ from typing import Any
 import structlog
 
 from scheduler.cache import Cache
+from scheduler.cluster import CPU, GPU, PODS, GpuRequest, Node, Pod, Queue, Resources, Snapshot
 from scheduler.cluster.gang import Gang
 from scheduler.cluster.queuespec import SpecError, parse_duration
 from scheduler.commit import LiveBackend
@@ -38,6 +39,7 @@ from scheduler.k8s.lease import LeaderElector
 from scheduler.k8s.watch import Watcher
 from scheduler.k8s.writer import EventLimiter, Writer
 from scheduler.metrics import SchedulerMetrics
+from scheduler.solver import PlacementSettings, solve
 
 __all__ = ["Scheduler", "run"]
 
@@ -273,6 +275,31 @@ def _install_signals(stop: asyncio.Event) -> Callable[[], None]:
     return remove
 
 
+def warm_up(settings: PlacementSettings) -> None:
+    """Solve a one-pod cluster once, before the loop serves anything.
+
+    The first solve of a process pays one-time set-up (OR-Tools initialisation; measured
+    25 ms against 3 ms for the next one on an idle core); paying it here, before the
+    watches start, keeps it out of the event loop's first real cycle.
+    """
+    started = time.monotonic()
+    node = Node("warm-up", Resources({CPU: 1000, GPU: 1, PODS: 1}))
+    pod = Pod(
+        "warm-up",
+        "warm-up",
+        "p",
+        Resources({CPU: 100, GPU: 1}),
+        gpu=GpuRequest(1),
+        gang="warm-up/p",
+        queue="q",
+    )
+    snapshot = Snapshot(
+        nodes=(node,), pods=(pod,), gangs=(Gang("warm-up", "p", queue="q"),), queues=(Queue("q"),)
+    )
+    placement = solve(snapshot, settings)
+    log.debug("warmed_up", seconds=round(time.monotonic() - started, 3), status=placement.status)
+
+
 async def run(config: SchedulerConfig, client: ClientSettings, service: ServiceSettings) -> int:
     """Run a scheduler replica until SIGTERM; the process exit code."""
     started = time.monotonic()
@@ -286,6 +313,7 @@ async def run(config: SchedulerConfig, client: ClientSettings, service: ServiceS
         gpu_strategy=config.placement.gpu_strategy,
         cpu_strategy=config.placement.cpu_strategy,
     )
+    warm_up(config.placement)
     remove = _install_signals(scheduler.stop)
     try:
         code = await scheduler.serve()
