@@ -2,7 +2,7 @@
 
 The node list has ``sn,cpu_milli,memory_mib,gpu,model``; the pod list has
 ``name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,...`` (extra columns are ignored). See
-``/work/shared/traces/alibaba-gpu-v2023-openb/README.md``.
+``shared/traces/alibaba-gpu-v2023-openb/README.md``.
 
 A replay takes the pods in file order after three optional, seeded steps:
 
@@ -30,7 +30,6 @@ from scheduler.cluster.selectors import NodeSelectorRequirement, NodeSelectorTer
 
 __all__ = [
     "DEFAULT_NODES",
-    "DEFAULT_OPENB_DIR",
     "DEFAULT_PODS",
     "MIX_KEYS",
     "TraceError",
@@ -44,6 +43,7 @@ __all__ = [
     "load_nodes",
     "load_pods",
     "load_trace_args",
+    "openb_dir",
     "parse_mix",
     "remix",
     "shuffle_pods",
@@ -305,15 +305,27 @@ def remix(
     return out
 
 
-#: Where the openb CSVs live unless ``--nodes``/``--pods`` say otherwise (``KAI_OPENB_DIR``).
-DEFAULT_OPENB_DIR = "/work/shared/traces/alibaba-gpu-v2023-openb"
+#: The shared trace folder, relative to the folder that holds this repository's checkout.
+_OPENB_IN_SHARED = Path("shared/traces/alibaba-gpu-v2023-openb")
 DEFAULT_NODES = "openb_node_list_gpu_node.csv"
 DEFAULT_PODS = "openb_pod_list_default.csv"
 
 
+def openb_dir() -> Path:
+    """Where the openb CSVs live unless ``--nodes``/``--pods`` say otherwise.
+
+    ``$KAI_OPENB_DIR`` first; else the ``shared/`` folder beside the checkout (where the team's
+    machines and CI keep it), else ``/work/shared``.
+    """
+    if env := os.environ.get("KAI_OPENB_DIR"):
+        return Path(env)
+    beside_checkout = Path(__file__).resolve().parents[3] / _OPENB_IN_SHARED
+    return beside_checkout if beside_checkout.is_dir() else Path("/work") / _OPENB_IN_SHARED
+
+
 def default_trace_file(name: str) -> str | None:
-    """The default openb file ``name`` if it exists (``$KAI_OPENB_DIR`` or the shared copy)."""
-    path = Path(os.environ.get("KAI_OPENB_DIR", DEFAULT_OPENB_DIR)) / name
+    """The default openb file ``name`` if it exists (see :func:`openb_dir`)."""
+    path = openb_dir() / name
     return str(path) if path.is_file() else None
 
 

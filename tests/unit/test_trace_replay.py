@@ -29,50 +29,37 @@ from scheduler.simulate.trace import (
     inflate,
     load_nodes,
     load_pods,
+    openb_dir,
     parse_mix,
     shuffle_pods,
 )
 
-OPENB = Path("/work/shared/traces/alibaba-gpu-v2023-openb")
+OPENB = openb_dir()
 
 NODE_HEADER = "sn,cpu_milli,memory_mib,gpu,model\n"
 POD_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase\n"
 
 
 def _slice_files(tmp_path: Path) -> tuple[Path, Path]:
-    """A small cluster of mixed shapes and 400 trace pods (or a synthetic stand-in)."""
+    """A slice of the openb trace: up to 3 nodes of every shape and the first 400 pods."""
     nodes_out, pods_out = tmp_path / "nodes.csv", tmp_path / "pods.csv"
-    if (OPENB / "openb_node_list_gpu_node.csv").is_file():
-        rows = list(csv.DictReader((OPENB / "openb_node_list_gpu_node.csv").open()))
-        by_shape: dict[tuple[str, ...], list[dict[str, str]]] = defaultdict(list)
-        for r in rows:
-            by_shape[(r["cpu_milli"], r["memory_mib"], r["gpu"], r["model"])].append(r)
-        picked = [r for group in by_shape.values() for r in group[:3]]
-        nodes_out.write_text(
-            NODE_HEADER
-            + "".join(
-                f"{r['sn']},{r['cpu_milli']},{r['memory_mib']},{r['gpu']},{r['model']}\n"
-                for r in picked
-            )
+    assert (OPENB / "openb_node_list_gpu_node.csv").is_file(), (
+        f"the openb trace is missing from {OPENB}; set KAI_OPENB_DIR to its folder"
+    )
+    rows = list(csv.DictReader((OPENB / "openb_node_list_gpu_node.csv").open()))
+    by_shape: dict[tuple[str, ...], list[dict[str, str]]] = defaultdict(list)
+    for r in rows:
+        by_shape[(r["cpu_milli"], r["memory_mib"], r["gpu"], r["model"])].append(r)
+    picked = [r for group in by_shape.values() for r in group[:3]]
+    nodes_out.write_text(
+        NODE_HEADER
+        + "".join(
+            f"{r['sn']},{r['cpu_milli']},{r['memory_mib']},{r['gpu']},{r['model']}\n"
+            for r in picked
         )
-        pod_lines = (OPENB / "openb_pod_list_default.csv").read_text().splitlines()
-        pods_out.write_text("\n".join(pod_lines[:401]) + "\n")
-    else:  # keep the test meaningful without the shared trace copy
-        nodes_out.write_text(
-            NODE_HEADER
-            + "".join(
-                f"n{i},{32000 + 8000 * (i % 3)},262144,{(2, 4, 8)[i % 3]},"
-                f"{('T4', 'V100M16', 'G2')[i % 3]}\n"
-                for i in range(30)
-            )
-        )
-        lines = []
-        for i in range(400):
-            gpus, milli = [(1, 1000), (1, 470), (1, 810), (0, 0), (2, 1000), (1, 230)][i % 6]
-            lines.append(
-                f"p{i},{(i % 7 + 1) * 2000},{(i % 5 + 1) * 8192},{gpus},{milli},,LS,Running"
-            )
-        pods_out.write_text(POD_HEADER + "\n".join(lines) + "\n")
+    )
+    pod_lines = (OPENB / "openb_pod_list_default.csv").read_text().splitlines()
+    pods_out.write_text("\n".join(pod_lines[:401]) + "\n")
     return nodes_out, pods_out
 
 
