@@ -26,7 +26,7 @@ if [[ ! -x .venv/bin/python ]]; then
     py=""
     for cand in python3.13 python3.12 python3.11 python3; do
         if command -v "$cand" >/dev/null 2>&1 \
-            && "$cand" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+            && "$cand" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
             py="$cand"; break
         fi
     done
