@@ -13,8 +13,9 @@ Rules (the contract every stage shares):
   becomes a :class:`Problem`; a bound one still occupies its node, in a stand-in gang.
 - Pods of other schedulers only occupy nodes: they keep no gang (``gang == ""``).
 
-Known edge: an implicit gang is keyed ``namespace/<pod name>``, so a pod without a gang
-annotation that shares its name with a PodGroup in its namespace is counted in that PodGroup.
+An implicit gang is keyed ``namespace/<pod name>``; when a PodGroup of that name exists in the
+namespace, the implicit gang is ``<pod name>~pod`` instead, so the pod never joins a PodGroup
+it did not name.
 """
 
 from __future__ import annotations
@@ -192,7 +193,13 @@ def resolve(
             pods.append(pod)
             continue
         if not rec.group:
-            extra_gangs.setdefault(pod.gang, _stand_in(pod, rec.name))
+            name = rec.name
+            if pod.gang in podgroups:
+                # A PodGroup shares this pod's name; the pod did not ask to join it. "~" cannot
+                # appear in a Kubernetes name, so the implicit gang's key stays unique.
+                name = f"{rec.name}~pod"
+                pod = dataclasses.replace(pod, gang=f"{rec.namespace}/{name}")
+            extra_gangs.setdefault(pod.gang, _stand_in(pod, name))
             pods.append(pod)
             continue
         key = f"{rec.namespace}/{rec.group}"

@@ -299,6 +299,19 @@ def test_finished_pods_are_left_out(cache: Cache) -> None:
     assert snap.pods == () and snap.node_states()["n1"].whole_free_gpus == 8
 
 
+def test_ungrouped_pod_named_like_a_podgroup_stays_on_its_own(cache: Cache) -> None:
+    cache.apply("Node", "ADDED", node("n1", gpus=8))
+    cache.apply("PodGroup", "ADDED", podgroup("train", minMember=2))
+    cache.apply("Pod", "ADDED", pod("w0", gpus=1, group="train"))
+    cache.apply("Pod", "ADDED", pod("w1", gpus=1, group="train"))
+    cache.apply("Pod", "ADDED", pod("train", gpus=1))  # no annotation, same name as the group
+    snap = cache.snapshot()
+    assert {p.name for p in snap.pods_by_gang["ns/train"]} == {"w0", "w1"}
+    alone = by_name(snap)["train"]
+    assert alone.gang != "ns/train" and [p.name for p in snap.pods_by_gang[alone.gang]] == ["train"]
+    assert len({g.key for g in snap.gangs}) == len(snap.gangs)
+
+
 def test_finished_gang_members_stay_inactive(cache: Cache) -> None:
     cache.apply("Node", "ADDED", node("n1", gpus=8))
     cache.apply("PodGroup", "ADDED", podgroup("train", minMember=2))
