@@ -23,7 +23,7 @@ from typing import Any, cast
 import yaml
 
 from scheduler.cluster.queuespec import SpecError, parse_duration
-from scheduler.solver.placement import PlacementSettings, Strategy
+from scheduler.solver.placement import PlacementSettings, Scoring, Strategy
 
 __all__ = [
     "ConfigError",
@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 _STRATEGIES: tuple[Strategy, ...] = ("binpack", "spread")
+_SCORINGS: tuple[Scoring, ...] = ("packing", "fragmentation")
 
 
 class ConfigError(ValueError):
@@ -147,11 +148,18 @@ def _strategy(raw: Any, key: str) -> Strategy:
     return cast(Strategy, raw)
 
 
+def _scoring(raw: Any, key: str) -> Scoring:
+    if raw not in _SCORINGS:
+        raise ConfigError(key, f"{raw!r} must be packing or fragmentation")
+    return cast(Scoring, raw)
+
+
 def _placement(raw: Any, base: PlacementSettings) -> PlacementSettings:
     data = _mapping(raw, "placement")
     parsers: dict[str, Callable[[Any, str], Any]] = {
         "gpu": _strategy,
         "cpu": _strategy,
+        "scoring": _scoring,
         "solverWorkers": lambda v, k: _int(v, k, 1),
         "greedyOnly": _bool,
     }
@@ -159,6 +167,7 @@ def _placement(raw: Any, base: PlacementSettings) -> PlacementSettings:
     names = {
         "gpu": "gpu_strategy",
         "cpu": "cpu_strategy",
+        "scoring": "scoring",
         "solverWorkers": "workers",
         "greedyOnly": "greedy_only",
     }

@@ -54,6 +54,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="also optimise priorities below the first stage (PlacementSettings)",
     )
     p.add_argument("--gpu-strategy", choices=["binpack", "spread"], default="binpack")
+    p.add_argument("--scoring", choices=["packing", "fragmentation"], default="packing")
     return p
 
 
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     settings = PlacementSettings(
         gpu_strategy=args.gpu_strategy,
+        scoring=args.scoring,
         time_limit_seconds=args.time_limit,
         workers=args.workers,
         greedy_only=args.greedy_only,

@@ -30,8 +30,10 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from scheduler.cluster.node import GPU_MILLI
+from scheduler.cluster.node import GPU_MILLI, GPU_MODEL_LABEL
+from scheduler.cluster.pod import Pod
 from scheduler.cluster.resources import CPU, MEMORY
+from scheduler.cluster.snapshot import Snapshot
 from scheduler.framework.scoring import NodeView, PodDemand
 
 __all__ = [
@@ -44,6 +46,8 @@ __all__ = [
     "candidate_fragmentation",
     "device_sums",
     "fragmentation",
+    "scorer_for_snapshot",
+    "task_type",
 ]
 
 IntArray = npt.NDArray[np.int64]
@@ -226,7 +230,10 @@ def fragmentation(
         return np.zeros(len(free_total))
     has_model = model >= 0
     # A node without GPUs only ever hosts CPU-only types; its model column is irrelevant.
-    allowed = np.where(has_model[:, None], mix.allowed[:, np.maximum(model, 0)].T, True)
+    if mix.allowed.shape[1]:
+        allowed = np.where(has_model[:, None], mix.allowed[:, np.maximum(model, 0)].T, True)
+    else:  # no node carries a GPU model label: no type can be excluded by model
+        allowed = np.ones((len(free_total), len(mix.weight)), dtype=np.bool_)
     allowed |= mix.gpus[None, :] == 0
     if mix.measure == "single":
         usable = _single_usable(mix, terms, cpu, mem)
@@ -312,17 +319,39 @@ class FragmentationScorer:
 
     Implements :class:`scheduler.framework.NodeScorer` (``score``) and
     :class:`scheduler.framework.DevicePicker` (``pick_devices``: the device choice of a
-    fractional pod is fragmentation-aware too). The target workload is ``mix``; feed it the
-    pods the scheduler sees with :meth:`observe` *between* cycles, not during one (the
-    greedy caches scores per node class within a pass). The score reads only free CPU,
+    fractional pod is fragmentation-aware too). The target workload is ``mix``, read when
+    the scorer is first used; pods observed later (:meth:`observe`, or ``mix.add``) count
+    from the next :meth:`refresh`, which belongs *between* cycles (the greedy caches scores
+    per node class). The score reads only free CPU,
     memory, per-device thousandths and the GPU model label, as the contract requires.
     """
 
-    def __init__(self, mix: WorkloadMix | None = None, models: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        mix: WorkloadMix | None = None,
+        models: Sequence[str] = (),
+        *,
+        refresh_every: int = 64,
+        refresh_growth: float = 0.0,
+    ) -> None:
         self.mix = mix if mix is not None else WorkloadMix()
         self.models: list[str] = list(models)
+        #: :meth:`refresh` rebuilds the mix arrays only after max(refresh_every,
+        #: refresh_growth x pods seen) more observed pods: the mix drifts slowly, and a fixed
+        #: mix lets node states be scored once (see ``_memo``).
+        self.refresh_every = max(1, refresh_every)
+        self.refresh_growth = max(0.0, refresh_growth)
         self._arrays: MixArrays | None = None
         self._version = -1
+        #: (cpu, memory MiB, devices, model) -> fragmentation under the current arrays. Nodes
+        #: in equal states are common (one per shape when the cluster is empty), so most
+        #: scores reuse an entry.
+        self._memo: dict[tuple[int, int, tuple[int, ...], str | None], float] = {}
+        #: (node state, pod shape[, grant]) -> score / device choice under the current arrays.
+        self._scores: dict[tuple[object, ...], float] = {}
+        self._picks: dict[tuple[object, ...], tuple[int, ...] | None] = {}
+        #: Bumped whenever scores change (a rebuilt mix): cached rankings must be dropped.
+        self.generation = 0
 
     def observe(self, demand: PodDemand, models: Sequence[str] = ()) -> None:
         """Count one more pod of this shape in the target workload."""
@@ -332,18 +361,43 @@ class FragmentationScorer:
         if model and model not in self.models:
             self.models.append(model)
             self._arrays = None
-        if self._arrays is None or self._version != self.mix.version:
-            self._arrays = self.mix.arrays(self.models)
-            self._version = self.mix.version
+        if self._arrays is None:
+            self._rebuild()
+        assert self._arrays is not None
         return self._arrays
+
+    def _rebuild(self) -> None:
+        self._arrays = self.mix.arrays(self.models)
+        self._version = self.mix.version
+        self._memo.clear()
+        self._scores.clear()
+        self._picks.clear()
+        self.generation += 1
+
+    def refresh(self) -> bool:
+        """Take in the pods observed since the last rebuild if enough have arrived (see
+        ``refresh_every``); True when scores changed. Call between cycles: a scorer whose
+        scores change inside a placement pass would rank nodes against two different mixes.
+        """
+        if self._arrays is None:
+            return False  # built on first use, from the whole mix
+        grown = self.mix.version - self._version
+        if grown > 0 and grown >= max(self.refresh_every, self.refresh_growth * self._version):
+            self._rebuild()
+            return True
+        return False
 
     def node_fragmentation(
         self, cpu: int, mem_mib: int, gpu_free: Sequence[int], model: str | None
     ) -> float:
         """Fragmentation of one node state (free CPU milli, memory MiB, devices, model)."""
         mix = self._mix(model)
+        key = (cpu, mem_mib, tuple(gpu_free), model)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
         g = np.array([[max(0, f) for f in gpu_free] or [0]], dtype=np.int64)
-        return float(
+        value = float(
             fragmentation(
                 mix,
                 g.sum(axis=1),
@@ -353,6 +407,25 @@ class FragmentationScorer:
                 np.array([self.models.index(model) if model in self.models else -1]),
             )[0]
         )
+        if len(self._memo) > 500_000:
+            self._memo.clear()
+        self._memo[key] = value
+        return value
+
+    def _key(self, node: NodeView, demand: PodDemand) -> tuple[object, ...]:
+        """Everything a score or device choice reads (the node name is not part of it)."""
+        model = node.node.gpu_model
+        self._mix(model)  # refresh first, so a key never outlives its arrays
+        return (
+            node.free.get(CPU, 0),
+            node.free.get(MEMORY, 0) // MIB,
+            tuple(node.gpu_free),
+            model,
+            demand.requests.get(CPU, 0),
+            demand.requests.get(MEMORY, 0) // MIB,
+            demand.gpu_count,
+            demand.gpu_milli,
+        )
 
     def score(self, node: NodeView, demand: PodDemand, grant: Sequence[tuple[int, int]]) -> float:
         """Fragmentation after minus before placing ``demand`` with ``grant`` on ``node``.
@@ -361,6 +434,10 @@ class FragmentationScorer:
         least free GPU afterwards wins (a term below 1e-6 for up to 9 devices; ties are
         common and measured worth about 0.6 points of allocation on the openb trace).
         """
+        key = (*self._key(node, demand), tuple(grant))
+        hit = self._scores.get(key)
+        if hit is not None:
+            return hit
         model = node.node.gpu_model
         cpu = node.free.get(CPU, 0)
         mem = node.free.get(MEMORY, 0) // MIB
@@ -371,7 +448,11 @@ class FragmentationScorer:
         cpu_after = cpu - demand.requests.get(CPU, 0)
         mem_after = mem - demand.requests.get(MEMORY, 0) // MIB
         delta = self.node_fragmentation(cpu_after, mem_after, after, model) - before
-        return round(delta, 6) + TIE_SCALE * sum(max(0, f) for f in after)
+        value = round(delta, 6) + TIE_SCALE * sum(max(0, f) for f in after)
+        if len(self._scores) > 500_000:
+            self._scores.clear()
+        self._scores[key] = value
+        return value
 
     def pick_devices(self, node: NodeView, demand: PodDemand) -> tuple[int, ...] | None:
         """Whole GPUs: the lowest free devices. A fractional pod: the device whose use
@@ -383,20 +464,27 @@ class FragmentationScorer:
         if demand.whole_gpus or k > 1:
             whole = [i for i, f in enumerate(free) if f >= GPU_MILLI]
             return tuple(whole[:k]) if len(whole) >= k else None
+        key = self._key(node, demand)
+        if key in self._picks:
+            return self._picks[key]
         options = sorted({f for f in free if f >= milli})
-        if not options:
-            return None
-        model = node.node.gpu_model
-        cpu = node.free.get(CPU, 0) - demand.requests.get(CPU, 0)
-        mem = (node.free.get(MEMORY, 0) - demand.requests.get(MEMORY, 0)) // MIB
+        picked: tuple[int, ...] | None = None
+        if options:
+            model = node.node.gpu_model
+            cpu = node.free.get(CPU, 0) - demand.requests.get(CPU, 0)
+            mem = (node.free.get(MEMORY, 0) - demand.requests.get(MEMORY, 0)) // MIB
 
-        def after(value: int) -> float:
-            state = list(free)
-            state[state.index(value)] -= milli
-            return self.node_fragmentation(cpu, mem, state, model)
+            def after(value: int) -> float:
+                state = list(free)
+                state[state.index(value)] -= milli
+                return self.node_fragmentation(cpu, mem, state, model)
 
-        best = min(options, key=lambda v: (after(v), v))
-        return (free.index(best),)
+            best = min(options, key=lambda v: (after(v), v))
+            picked = (free.index(best),)
+        if len(self._picks) > 500_000:
+            self._picks.clear()
+        self._picks[key] = picked
+        return picked
 
 
 def _task_of(demand: PodDemand, models: Sequence[str]) -> TaskType:
@@ -407,3 +495,46 @@ def _task_of(demand: PodDemand, models: Sequence[str]) -> TaskType:
         demand.gpu_milli if demand.gpu_count else 0,
         tuple(sorted(models)),
     )
+
+
+def _allowed_models(pod: Pod) -> tuple[str, ...]:
+    """GPU models a pod is pinned to by nodeSelector or required affinity (empty = any).
+
+    Only the common ``In`` form on the model label counts; anything more complex is
+    treated as "any model", which at worst makes the measure a little less precise.
+    """
+    for key, value in pod.node_selector:
+        if key == GPU_MODEL_LABEL:
+            return (value,)
+    models: set[str] = set()
+    for term in pod.affinity:
+        reqs = [r for r in term.requirements if r.key == GPU_MODEL_LABEL and r.operator == "In"]
+        if not reqs:
+            return ()  # one term without a model pin allows every model
+        models.update(reqs[0].values)
+    return tuple(sorted(models))
+
+
+def task_type(pod: Pod) -> TaskType:
+    """The fit-relevant shape of a domain pod. A pod asking by GPU memory enters as CPU and
+    memory only: its thousandths depend on the node it lands on."""
+    gpu = pod.gpu
+    count = gpu.count if gpu is not None and gpu.memory_mib is None else 0
+    return TaskType(
+        pod.requests.get(CPU, 0),
+        pod.requests.get(MEMORY, 0) // MIB,
+        count,
+        gpu.milli if gpu is not None and count else 0,
+        _allowed_models(pod) if count else (),
+    )
+
+
+def scorer_for_snapshot(snapshot: Snapshot) -> FragmentationScorer:
+    """A scorer whose target workload is every live pod in ``snapshot`` (running and
+    pending): the cluster's own mix is the best guess of what arrives next."""
+    mix = WorkloadMix()
+    for pod in snapshot.pods:
+        if pod.active:
+            mix.add(task_type(pod))
+    models = sorted({m for n in snapshot.nodes if (m := n.gpu_model)})
+    return FragmentationScorer(mix, models)

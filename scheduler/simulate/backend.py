@@ -126,6 +126,14 @@ class SimulatedCluster:
             self.dirty = True
         return done
 
+    def fail_pod(self, uid: str) -> None:
+        """End a pending pod as Failed (a replay drops pods that did not fit)."""
+        record = self._live.pop(uid, None)
+        if record is not None:
+            record.pod = replace(record.pod, phase=PodPhase.FAILED)
+            record.finished_at = self.now
+            self.dirty = True
+
     def next_completion(self) -> float | None:
         """The earliest time a running pod completes (None when none will)."""
         ends = [r.finishes_at for r in self._live.values() if r.finishes_at is not None]

@@ -3,7 +3,8 @@
 A scenario reads like the Kubernetes objects a KAI user already writes::
 
     name: quickstart
-    settings: {cyclePeriod: 10s, end: 40m, gpuStrategy: binpack, solver: cpsat}
+    settings: {cyclePeriod: 10s, end: 40m, gpuStrategy: binpack, scoring: packing,
+               solver: cpsat}
     nodes:                       # shapes x counts
       - {name: dgx, count: 2, gpus: 8, cpu: 64, memory: 512Gi, labels: {...}, taints: [...]}
     queues:                      # Queue CRD objects (metadata + spec)
@@ -74,6 +75,7 @@ MIN_CYCLE_PERIOD = 0.1
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _STRATEGIES = ("binpack", "spread")
 _SOLVERS = ("cpsat", "greedy")
+_SCORINGS = ("packing", "fragmentation")
 _TOP_FIELDS = ("apiVersion", "kind", "name", "description", "settings", "nodes", "queues",
                "priorityClasses", "podGroups", "jobs")  # fmt: skip
 _NODE_FIELDS = ("name", "count", "gpus", "cpu", "memory", "pods", "gpuMemory", "labels", "taints",
@@ -118,7 +120,15 @@ def _settings(raw: Any) -> ScenarioSettings:
     check_known(
         data,
         "settings",
-        ("cyclePeriod", "end", "gpuStrategy", "cpuStrategy", "solver", "solverTimeLimit"),
+        (
+            "cyclePeriod",
+            "end",
+            "gpuStrategy",
+            "cpuStrategy",
+            "scoring",
+            "solver",
+            "solverTimeLimit",
+        ),
     )
     period = read_seconds(data.get("cyclePeriod", "10s"), "settings.cyclePeriod")
     if period < MIN_CYCLE_PERIOD:
@@ -131,6 +141,10 @@ def _settings(raw: Any) -> ScenarioSettings:
     placement = PlacementSettings(
         gpu_strategy=_strategy(data, "gpuStrategy"),
         cpu_strategy=_strategy(data, "cpuStrategy"),
+        scoring="fragmentation"
+        if read_choice(data.get("scoring", "packing"), "settings.scoring", _SCORINGS)
+        == "fragmentation"
+        else "packing",
         time_limit_seconds=limit,
         greedy_only=solver == "greedy",
     )

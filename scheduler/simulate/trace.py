@@ -424,10 +424,13 @@ def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--engine",
-        choices=["arrays", "solver"],
-        default="arrays",
-        help="arrays: vectorised replay (fast); solver: every cycle through the live greedy "
-        "(scheduler.solver.place_gangs) with the fragmentation scorer (slow, frag only)",
+        choices=["auto", "cycle", "greedy", "arrays"],
+        default="auto",
+        help="cycle: every cycle is the live scheduler's (snapshot, fair share, greedy + "
+        "CP-SAT, commit) on an in-memory cluster; greedy: only its placement pass "
+        "(scheduler.solver.place_gangs), state kept across cycles; arrays: a vectorised "
+        "re-implementation of the frag policy (fast cross-check, and the fgd baseline); "
+        "auto: cycle for --batch > 1 or bestfit, greedy for --batch 1, arrays for fgd",
     )
     if not _has_option(parser, "--json"):
         g.add_argument("--json", action="store_true", help="print the summary as JSON")

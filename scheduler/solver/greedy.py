@@ -134,6 +134,14 @@ class ClassIndex:
         """Stop following the state."""
         self._unsubscribe()
 
+    def forget_scores(self) -> None:
+        """Drop every cached score (the scorer's notion of quality changed), and restart the
+        event log from the classes that exist now so new rankings do not replay history."""
+        self._scores.clear()
+        self.shapes.clear()
+        self._seq.clear()
+        self.events[:] = list(self.state.classes)  # same list: the subscription appends to it
+
     def grant(self, pod: Pod, demand: PodDemand, node: str) -> tuple[tuple[int, int], ...] | None:
         """Devices for ``pod`` on ``node`` (picker of the scorer, else the default packer)."""
         slot = self.state.nodes[node]
@@ -235,17 +243,25 @@ def place_gangs(
     extras: bool = True,
     spread_devices: bool = False,
     cycle: int | None = None,
+    index: ClassIndex | None = None,
 ) -> GreedyResult:
     """Place ``gangs`` in the given order onto ``state`` (which is changed in place).
 
     ``scorer`` defaults to binpack (:class:`~scheduler.plugins.packing.PackingScorer`).
+    ``index``: a :class:`ClassIndex` over ``state`` kept by the caller across passes (a
+    replay placing one pod per pass), so node classes are not re-ranked from scratch each
+    time; it must use the same scorer, and the caller closes it.
     ``book`` applies queue limits and non-preemptible quota (None: no queue rules, e.g. for
     a simulator that checks them itself). The returned assignments are already applied to
     ``state``; release them with :meth:`ClusterState.release` to undo.
     """
     if any(uses_node_name(p) for g in gangs for p in (*g.required, *g.extras)):
         state.split_by_name()
-    index = ClassIndex(state, scorer or PackingScorer(), spread_devices=spread_devices)
+    own_index = index is None
+    if index is None:
+        index = ClassIndex(state, scorer or PackingScorer(), spread_devices=spread_devices)
+    elif index.state is not state:
+        raise ValueError("place_gangs: the index must follow the state being placed onto")
     result = GreedyResult()
     failed_shapes: set[tuple[int, ...]] = set()
     interned: dict[ShapeKey, int] = {}
@@ -287,7 +303,8 @@ def place_gangs(
                 result.placed.setdefault(key, []).extend(more)
                 result.failed.pop(key, None)
     finally:
-        index.close()
+        if own_index:
+            index.close()
     return result
 
 

@@ -16,11 +16,16 @@ __all__ = [
     "Placement",
     "PlacementSettings",
     "PodAssignment",
+    "Scoring",
     "SolveStatus",
     "Strategy",
 ]
 
 Strategy = Literal["binpack", "spread"]
+#: ``packing``: binpack/spread per ``gpu_strategy``/``cpu_strategy`` (KAI's behaviour);
+#: ``fragmentation``: place each pod where it strands the least GPU capacity for the
+#: workload seen in the cluster (FGD's idea, :mod:`scheduler.plugins.fragmentation`).
+Scoring = Literal["packing", "fragmentation"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +36,9 @@ class PlacementSettings:
     gpu_strategy: Strategy = "binpack"
     #: The same choice for nodes without GPU work (CPU-only pods).
     cpu_strategy: Strategy = "binpack"
+    #: How the greedy ranks nodes and devices (see :data:`Scoring`). With ``fragmentation``
+    #: CP-SAT still decides which gangs are admitted, but not where they go.
+    scoring: Scoring = "packing"
     #: Wall-clock budget for CP-SAT per cycle; the greedy answer is used if time runs out.
     time_limit_seconds: float = 0.5
     #: CP-SAT worker threads (the machine has 2 cores; the event loop needs some room).

@@ -40,9 +40,10 @@ from scheduler.explain import explain_unplaced
 from scheduler.explain.capacity import FreeCapacity, NodeGroup
 from scheduler.fairness import FairShareReport, compute_fair_shares
 from scheduler.framework.scoring import NodeScorer
+from scheduler.plugins.fragmentation import scorer_for_snapshot
 from scheduler.plugins.packing import PackingScorer
 from scheduler.solver.cpsat import CpResult
-from scheduler.solver.greedy import place_gangs
+from scheduler.solver.greedy import GreedyResult, place_gangs
 from scheduler.solver.hybrid import current_classes, improve
 from scheduler.solver.patterns import ClassInfo
 from scheduler.solver.placement import (
@@ -95,16 +96,34 @@ def solve(
     state = ClusterState.from_snapshot(snapshot)
     initial = current_classes(state)
     lap("state")
-    scorer = scorer or PackingScorer(settings.gpu_strategy, settings.cpu_strategy)
+    packing = PackingScorer(settings.gpu_strategy, settings.cpu_strategy)
     spread = settings.gpu_strategy == "spread"
-    greedy = place_gangs(
-        state,
-        problem.order,
-        scorer,
-        book=QueueBook(snapshot.queue_tree, report),
-        spread_devices=spread,
-        cycle=cycle,
-    )
+
+    def run_greedy(state: ClusterState, scorer: NodeScorer) -> GreedyResult:
+        return place_gangs(
+            state,
+            problem.order,
+            scorer,
+            book=QueueBook(snapshot.queue_tree, report),
+            spread_devices=spread,
+            cycle=cycle,
+        )
+
+    try:
+        if scorer is None and settings.scoring == "fragmentation":
+            scorer = scorer_for_snapshot(snapshot)
+        scorer = scorer or packing
+        greedy = run_greedy(state, scorer)
+    except Exception:
+        if scorer is packing:
+            raise
+        # A pluggable scorer (fragmentation) that trips on unusual input must not stop
+        # scheduling: this cycle places with binpack/spread instead, on a fresh state.
+        log.exception("scorer_failed", cycle=cycle, scorer=type(scorer).__name__)
+        scorer = packing
+        state = ClusterState.from_snapshot(snapshot)
+        initial = current_classes(state)
+        greedy = run_greedy(state, scorer)
     build_seconds = time.perf_counter() - started
     lap("greedy")
     candidates: list[tuple[SolveStatus, list[PodAssignment]]] = []

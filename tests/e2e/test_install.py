@@ -341,7 +341,8 @@ def test_helm_values_reach_the_pod_and_config(control_plane: ControlPlane) -> No
     docs = _rendered(
         control_plane,
         "image.repository=registry.example/kai", "image.tag=1.2.3", "logLevel=debug",
-        "placementStrategy=spread", "placement.gpu=binpack", "nodeSelector.pool=system",
+        "placementStrategy=spread", "placement.gpu=binpack", "placement.scoring=fragmentation",
+        "nodeSelector.pool=system",
         "tolerations[0].key=dedicated", "tolerations[0].operator=Exists",
         "resources.requests.cpu=2", "defaultQueues.enabled=false",
     )  # fmt: skip
@@ -354,7 +355,7 @@ def test_helm_values_reach_the_pod_and_config(control_plane: ControlPlane) -> No
     assert pod["containers"][0]["resources"]["requests"]["cpu"] == 2
     (config_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
     config = yaml.safe_load(config_map["data"]["config.yaml"])
-    assert config["placement"] == {"gpu": "binpack", "cpu": "spread"}
+    assert config["placement"] == {"gpu": "binpack", "cpu": "spread", "scoring": "fragmentation"}
     assert not [d for d in docs if d["kind"] == "Queue"]
     assert {d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"} == {
         "queues.scheduling.run.ai", "podgroups.scheduling.run.ai",
@@ -365,6 +366,7 @@ def test_helm_values_reach_the_pod_and_config(control_plane: ControlPlane) -> No
     ("sets", "message"),
     [
         (("placementStrategy=random",), "placementStrategy"),
+        (("placement.scoring=fgd",), "scoring"),
         (("logLevel=loud",), "logLevel"),
         (("replicas=2", "leaderElection.enabled=false"), "several active schedulers"),
     ],

@@ -169,6 +169,47 @@ def test_binpack_fills_a_node_spread_spreads(
     assert all("kai.scheduler/gpu-grant" in p["metadata"]["annotations"] for p in grants)
 
 
+@pytest.mark.parametrize(("scoring", "expected"), [("packing", "gpu"), ("fragmentation", "cpu")])
+def test_fragmentation_scoring_keeps_idle_gpus_usable(
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
+    make_gpu_nodes: Any,
+    scoring: str,
+    expected: str,
+) -> None:
+    """``placement.scoring`` reaches the live solver. A CPU-only pod taking the last 4 cores
+    of a node with 4 idle GPUs strands them for the GPU pods waiting in the cluster (4 cores
+    each): binpack puts it there (least CPU left), fragmentation on the CPU-only node."""
+    tag = run_tag()
+    (gpu_node,) = make_gpu_nodes(1, gpus=4, cpu="4", labels=tag, name_prefix="frag-gpu")
+    (cpu_node,) = make_gpu_nodes(1, gpus=0, cpu="16", labels=tag, name_prefix="frag-cpu")
+    sched = start_scheduler(config={"placement": {"scoring": scoring, "solverWorkers": 1}})
+    # A 2-pod gang that cannot fit (8 cores wanted on a 4-core GPU node): it only makes
+    # "GPU pods asking 4 cores" the workload the cluster holds.
+    podgroup = {
+        "apiVersion": "scheduling.run.ai/v2alpha2",
+        "kind": "PodGroup",
+        "metadata": {"name": "train"},
+        "spec": {"minMember": 2, "queue": "default-queue"},
+    }
+    members = [
+        pod_manifest(
+            f"train-{i}",
+            gpus=1,
+            cpu="4",
+            node_selector=tag,
+            annotations={"pod-group-name": "train"},
+        )
+        for i in range(2)
+    ]
+    kai_cluster.create(podgroup, *members, namespace=namespace)
+    kai_cluster.create(pod_manifest("etl", cpu="4", node_selector=tag), namespace=namespace)
+    wait_for("etl bound", lambda: "etl" in bound_nodes(kai_cluster.pods(namespace)), logs=sched)
+    where = bound_nodes(kai_cluster.pods(namespace))
+    assert where == {"etl": gpu_node if expected == "gpu" else cpu_node}, where
+
+
 def test_kube_api_server_flag_overrides_the_kubeconfig(
     kai_cluster: KaiCluster,
     start_scheduler: StartScheduler,

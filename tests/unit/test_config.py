@@ -35,7 +35,8 @@ def test_shipped_configmap_parses() -> None:
 def test_every_key_is_applied(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(
-        "placement: {gpu: spread, cpu: binpack, solverWorkers: 1, greedyOnly: true}\n"
+        "placement: {gpu: spread, cpu: binpack, scoring: fragmentation, solverWorkers: 1,"
+        " greedyOnly: true}\n"
         "cyclePeriod: 250ms\nsolverTimeLimit: 2s\ndefaultQueue: team-a\n"
         "stalenessGracePeriod: 1m30s\nschedulerName: other\nbindAttempts: 5\n"
         "eventInterval: 10s\ndebounce: 0s\n"
@@ -45,6 +46,7 @@ def test_every_key_is_applied(tmp_path: Path) -> None:
     cfg = load_config(path)
     assert cfg.placement.gpu_strategy == "spread"
     assert cfg.placement.cpu_strategy == "binpack"
+    assert cfg.placement.scoring == "fragmentation"
     assert cfg.placement.workers == 1
     assert cfg.placement.greedy_only is True
     assert cfg.placement.time_limit_seconds == 2.0
@@ -73,6 +75,7 @@ def test_empty_file_is_defaults(tmp_path: Path) -> None:
         ({"placement": {"gpu": "binpack", "gppu": "spread"}}, "placement.gppu", "unknown key"),
         ({"placement": {"gpu": "pack"}}, "placement.gpu", "binpack or spread"),
         ({"placement": "binpack"}, "placement", "mapping"),
+        ({"placement": {"scoring": "fgd"}}, "placement.scoring", "packing or fragmentation"),
         ({"cyclePeriod": "soon"}, "cyclePeriod", "duration"),
         ({"cyclePeriod": "0s"}, "cyclePeriod", "positive"),
         ({"solverTimeLimit": -1}, "solverTimeLimit", "positive"),

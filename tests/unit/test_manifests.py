@@ -260,8 +260,9 @@ def test_scheduler_config_has_the_documented_keys() -> None:
         "defaultQueue",
         "stalenessGracePeriod",
     }
-    assert set(config["placement"]) == {"gpu", "cpu"}
-    assert set(config["placement"].values()) <= {"binpack", "spread"}
+    assert set(config["placement"]) == {"gpu", "cpu", "scoring"}
+    assert {config["placement"]["gpu"], config["placement"]["cpu"]} <= {"binpack", "spread"}
+    assert config["placement"]["scoring"] in {"packing", "fragmentation"}
     assert config["defaultQueue"] == "default-queue"
     for key in ("cyclePeriod", "solverTimeLimit", "stalenessGracePeriod"):
         assert re.fullmatch(r"[0-9.]+(ms|s|m)", str(config[key])), key

@@ -30,7 +30,7 @@ def _restore_logging() -> Iterator[None]:
 
 BASE: dict[str, Any] = {
     "name": "t",
-    "settings": {"cyclePeriod": "5s", "end": "1h", "solver": "greedy"},
+    "settings": {"cyclePeriod": "5s", "end": "1h", "solver": "greedy", "scoring": "fragmentation"},
     "nodes": [
         {"name": "gpu", "count": 3, "gpus": 4, "labels": {"pool": "a"}},
         {"name": "cpu", "gpus": 0, "taints": [{"key": "cpu-only", "effect": "NoSchedule"}]},
@@ -95,6 +95,7 @@ def test_valid_scenario_becomes_domain_objects() -> None:
     assert s.settings.cycle_period == 5.0
     assert s.settings.end == 3600.0
     assert s.settings.placement.greedy_only is True
+    assert s.settings.placement.scoring == "fragmentation"
     assert [n.name for n in s.nodes] == ["gpu-0", "gpu-1", "gpu-2", "cpu"]
     assert s.nodes[0].allocatable[GPU] == 4
     assert s.nodes[0].label_map["pool"] == "a"
@@ -192,6 +193,7 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ("jobs.1.pods.count", 10**7, "jobs[1].pods.count", "at most"),
         ("settings.gpuStrategy", "random", "settings.gpuStrategy", "binpack, spread"),
         ("settings.solver", "magic", "settings.solver", "cpsat, greedy"),
+        ("settings.scoring", "fgd", "settings.scoring", "packing, fragmentation"),
         ("podGroups.0.spec", {"minMember": "x"}, "podGroups[0].spec.minMember", ""),
         ("jobs", {"a": 1}, "jobs", "must be a list"),
     ],

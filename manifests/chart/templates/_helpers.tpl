@@ -44,4 +44,5 @@ app.kubernetes.io/component: scheduler
 {{- $default := .Values.placementStrategy -}}
 gpu: {{ default $default .Values.placement.gpu }}
 cpu: {{ default $default .Values.placement.cpu }}
+scoring: {{ default "packing" .Values.placement.scoring }}
 {{- end -}}
