@@ -526,14 +526,12 @@ def replay(
 
 def auto_engine(batch: int, policy: str) -> Engine:
     """The engine ``--engine auto`` picks: the live cycle for batches (each cycle costs
-    tenths of a second on the openb cluster), the live greedy for one pod per cycle (10k
-    full cycles would take most of an hour), the vectorised replay for the ``fgd``
-    baseline (the only engine that has it)."""
-    if policy == "fgd":
+    tenths of a second on the openb cluster); for one pod per cycle (10k full cycles would
+    take most of an hour) the live greedy for ``frag`` and the vectorised replay for the
+    baselines (``fgd`` exists only there)."""
+    if policy == "fgd" or (batch == 1 and policy != "frag"):
         return "arrays"
-    if batch > 1 or policy == "bestfit":
-        return "cycle"
-    return "greedy"
+    return "cycle" if batch > 1 else "greedy"
 
 
 def _batches(pods: Sequence[TracePod], size: int) -> Iterator[list[TracePod]]:

@@ -430,7 +430,8 @@ def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
         "CP-SAT, commit) on an in-memory cluster; greedy: only its placement pass "
         "(scheduler.solver.place_gangs), state kept across cycles; arrays: a vectorised "
         "re-implementation of the frag policy (fast cross-check, and the fgd baseline); "
-        "auto: cycle for --batch > 1 or bestfit, greedy for --batch 1, arrays for fgd",
+        "auto: cycle for --batch > 1 (arrays for fgd); for --batch 1 greedy (frag) or "
+        "arrays (baselines)",
     )
     if not _has_option(parser, "--json"):
         g.add_argument("--json", action="store_true", help="print the summary as JSON")

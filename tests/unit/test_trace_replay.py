@@ -331,3 +331,13 @@ def test_joint_bound_caps_what_a_later_target_allows() -> None:
     pods = [TracePod(f"p{i}", 1000, 1024, 1, 810) for i in range(13)]
     assert share_gap_bound(pods, 10_000, pods, 95.0) == pytest.approx(810 * 500 / 190 / 100)
     assert share_gap_bound(pods, 10_000, pods, 0.0) == pytest.approx(81.0)
+
+
+def test_auto_engine_runs_the_live_cycle_where_affordable() -> None:
+    from scheduler.simulate.replay import auto_engine
+
+    assert auto_engine(64, "frag") == "cycle"
+    assert auto_engine(64, "bestfit") == "cycle"
+    assert auto_engine(1, "frag") == "greedy"
+    assert auto_engine(1, "bestfit") == "arrays"
+    assert auto_engine(64, "fgd") == "arrays"
