@@ -449,9 +449,15 @@ def _cycle_engine(nodes: Sequence[TraceNode], settings: ReplaySettings) -> Cycle
 
     def place(cycle: int, batch: list[TracePod]) -> list[Outcome]:
         domain = [to_pod(p, queue=TRACE_QUEUE) for p in batch]
+        # Creation time = arrival sequence, so the cycle takes them oldest first, as it
+        # would pods created one after another in a real cluster.
+        first = cycle * settings.batch
         cluster.add_pods(
             domain,
-            [Gang(d.namespace, d.name, queue=TRACE_QUEUE, implicit=True) for d in domain],
+            [
+                Gang(d.namespace, d.name, queue=TRACE_QUEUE, implicit=True, creation_time=first + i)
+                for i, d in enumerate(domain)
+            ],
         )
         asyncio.run(run_cycle(cluster, placement, cycle))
         out: list[Outcome] = []
