@@ -243,6 +243,22 @@ def kubectl_json(cp: ControlPlane, *args: str) -> Any:
     return json.loads(cp.kubectl(*args, "-o", "json").stdout)
 
 
+def podgroup_manifest(
+    name: str, min_member: int, queue: str | None = "default-queue", **spec: Any
+) -> dict[str, Any]:
+    """A KAI PodGroup (``scheduling.run.ai/v2alpha2``); ``spec`` adds fields as they are
+    spelled in the CRD (e.g. ``stalenessGracePeriod="2s"``); ``queue=None`` leaves it out."""
+    body: dict[str, Any] = {"minMember": min_member, **spec}
+    if queue is not None:
+        body["queue"] = queue
+    return {
+        "apiVersion": "scheduling.run.ai/v2alpha2",
+        "kind": "PodGroup",
+        "metadata": {"name": name},
+        "spec": body,
+    }
+
+
 def pod_manifest(
     name: str,
     *,

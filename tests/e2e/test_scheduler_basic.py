@@ -21,6 +21,7 @@ from tests.e2e.scheduler_process import (
     kai_cluster,
     kubectl_json,
     pod_manifest,
+    podgroup_manifest,
     run_tag,
     start_scheduler,
     wait_for,
@@ -104,12 +105,7 @@ def test_gang_waits_for_room_then_binds_whole(
     # Take 2 of the 8 GPUs so only 6 are free: 4 pods x 2 GPUs cannot all fit.
     kai_cluster.create(pod_manifest("blocker", gpus=2, node_selector=tag), namespace=namespace)
     wait_for("blocker bound", lambda: bound_nodes(kai_cluster.pods(namespace)), logs=sched)
-    podgroup = {
-        "apiVersion": "scheduling.run.ai/v2alpha2",
-        "kind": "PodGroup",
-        "metadata": {"name": "train"},
-        "spec": {"minMember": 4, "queue": "default-queue"},
-    }
+    podgroup = podgroup_manifest("train", 4)
     members = [
         pod_manifest(
             f"train-{i}", gpus=2, node_selector=tag, annotations={"pod-group-name": "train"}

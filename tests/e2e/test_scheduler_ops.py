@@ -18,6 +18,7 @@ from tests.e2e.scheduler_process import (
     kai_cluster,
     kubectl_json,
     pod_manifest,
+    podgroup_manifest,
     run_tag,
     start_scheduler,
     wait_for,
@@ -47,12 +48,7 @@ def test_malformed_input_becomes_events_and_others_still_run(
     missing_queue = f"no-such-queue-{uuid.uuid4().hex[:6]}"
     kai_cluster.create(
         pod_manifest("bad-fraction", node_selector=tag, annotations={"gpu-fraction": "half"}),
-        {
-            "apiVersion": "scheduling.run.ai/v2alpha2",
-            "kind": "PodGroup",
-            "metadata": {"name": "lost"},
-            "spec": {"minMember": 1, "queue": missing_queue},
-        },
+        podgroup_manifest("lost", 1, missing_queue),
         pod_manifest("lost-0", gpus=1, node_selector=tag, annotations={"pod-group-name": "lost"}),
         pod_manifest("good", gpus=1, node_selector=tag),
         namespace=namespace,
@@ -187,12 +183,7 @@ def test_fragmentation_scoring_keeps_idle_gpus_usable(
     sched = start_scheduler(config={"placement": {"scoring": scoring, "solverWorkers": 1}})
     # A 2-pod gang that cannot fit (8 cores wanted on a 4-core GPU node): it only makes
     # "GPU pods asking 4 cores" the workload the cluster holds.
-    podgroup = {
-        "apiVersion": "scheduling.run.ai/v2alpha2",
-        "kind": "PodGroup",
-        "metadata": {"name": "train"},
-        "spec": {"minMember": 2, "queue": "default-queue"},
-    }
+    podgroup = podgroup_manifest("train", 2)
     members = [
         pod_manifest(
             f"train-{i}",

@@ -22,6 +22,7 @@ from tests.e2e.scheduler_process import (
     bound_nodes,
     kai_cluster,
     pod_manifest,
+    podgroup_manifest,
     run_tag,
     start_scheduler,
     wait_for,
@@ -58,14 +59,7 @@ def _assert_devices_not_shared(pods: list[dict[str, Any]]) -> None:
 def _workload(tag: dict[str, str], gangs: int, members: int, singles: int) -> list[dict[str, Any]]:
     objs: list[dict[str, Any]] = []
     for g in range(gangs):
-        objs.append(
-            {
-                "apiVersion": "scheduling.run.ai/v2alpha2",
-                "kind": "PodGroup",
-                "metadata": {"name": f"g{g}"},
-                "spec": {"minMember": members, "queue": "default-queue"},
-            }
-        )
+        objs.append(podgroup_manifest(f"g{g}", members))
         objs += [
             pod_manifest(
                 f"g{g}-{i}", gpus=1, node_selector=tag, annotations={"pod-group-name": f"g{g}"}
@@ -193,12 +187,7 @@ def test_gang_left_partial_is_evicted_after_its_grace_period(
     make_gpu_nodes(1, gpus=4, labels=tag)
     sched = start_scheduler()
     kai_cluster.create(
-        {
-            "apiVersion": "scheduling.run.ai/v2alpha2",
-            "kind": "PodGroup",
-            "metadata": {"name": "pair"},
-            "spec": {"minMember": 2, "queue": "default-queue", "stalenessGracePeriod": "2s"},
-        },
+        podgroup_manifest("pair", 2, stalenessGracePeriod="2s"),
         *(
             pod_manifest(
                 f"pair-{i}", gpus=1, node_selector=tag, annotations={"pod-group-name": "pair"}

@@ -12,7 +12,13 @@ from kubernetes_asyncio.client import ApiClient
 
 from scheduler.k8s.client import ClientSettings, make_api_client
 from scheduler.k8s.writer import EventLimiter, ObjectRef, Writer
-from tests.e2e.scheduler_process import KaiCluster, kai_cluster, kubectl_json, pod_manifest
+from tests.e2e.scheduler_process import (
+    KaiCluster,
+    kai_cluster,
+    kubectl_json,
+    pod_manifest,
+    podgroup_manifest,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 __all__ = ["kai_cluster"]  # fixture used by this module
@@ -95,12 +101,7 @@ async def test_evict_and_crd_status(
     (node,) = make_gpu_nodes(1, gpus=1)
     kai_cluster.create(
         _unmanaged("p"),
-        {
-            "apiVersion": "scheduling.run.ai/v2alpha2",
-            "kind": "PodGroup",
-            "metadata": {"name": "pg"},
-            "spec": {"minMember": 1},
-        },
+        podgroup_manifest("pg", 1, queue=None),
         namespace=namespace,
     )
     uid = _pod(kai_cluster, namespace, "p")["metadata"]["uid"]
