@@ -102,15 +102,33 @@ def _quiet_logs() -> None:
     )
 
 
+def _simulated(now: float, horizon: float) -> str:
+    from scheduler.simulate.report import format_time
+
+    return f"{format_time(now)} / {format_time(horizon)} simulated"
+
+
+def _pods(done: float, total: float) -> str:
+    return f"{int(done)} / {int(total)} pods"
+
+
 class _Progress:
-    """A rich progress bar over simulated time, shown only once a run has taken a while."""
+    """A rich progress bar (over simulated time, or over a trace's pods), shown only once a
+    run has taken a while."""
 
     #: Short runs finish before a bar would be readable; show it only after this long.
     DELAY_SECONDS = 0.5
 
-    def __init__(self, console: Console, *, enabled: bool) -> None:
+    def __init__(
+        self,
+        console: Console,
+        *,
+        enabled: bool,
+        describe: Callable[[float, float], str] = _simulated,
+    ) -> None:
         self._console = console
         self._enabled = enabled
+        self._describe = describe
         self._started = time.perf_counter()
         self._bar: Progress | None = None
         self._task: TaskID | None = None
@@ -129,11 +147,9 @@ class _Progress:
             self._bar.stop()
 
     def update(self, now: float, horizon: float) -> None:
-        """Called by the engine after every step of simulated time."""
+        """Called by the engine after every step (of simulated time, or of a replay)."""
         if not self._enabled:
             return
-        from scheduler.simulate.report import format_time
-
         if self._bar is None:
             if time.perf_counter() - self._started < self.DELAY_SECONDS:
                 return
@@ -154,8 +170,21 @@ class _Progress:
             self._task,
             completed=now,
             total=max(horizon, now, 1.0),
-            sim=f"{format_time(now)} / {format_time(horizon)} simulated",
+            sim=self._describe(now, horizon),
         )
+
+    def close(self) -> None:
+        """Take the bar down for good (before the caller prints its report)."""
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+        self._enabled = False
+
+    def update_until_done(self, done: float, total: float) -> None:
+        """:meth:`update` for a run whose total is known: closes the bar at the end."""
+        self.update(done, total)
+        if done >= total:
+            self.close()
 
 
 def _error(message: str) -> int:
@@ -172,7 +201,12 @@ def run(args: argparse.Namespace) -> int:
         run_trace = _replay_entry("run_trace")
         if run_trace is None:
             return _error("trace replay (scheduler.simulate.replay) is not available")
-        return int(run_trace(args))
+        from rich.console import Console
+
+        err = Console(stderr=True)
+        show = err.is_terminal and not args.no_progress and not args.json
+        with _Progress(err, enabled=show, describe=_pods) as progress:
+            return int(run_trace(args, progress=progress.update_until_done))
     if not args.scenario:
         return _error(
             "missing SCENARIO.yaml (or --trace openb); "

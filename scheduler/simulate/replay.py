@@ -479,6 +479,7 @@ def replay(
     settings: ReplaySettings,
     *,
     engine: Engine = "arrays",
+    progress: Callable[[float, float], None] | None = None,
 ) -> ReplayResult:
     """Replay ``pods`` (in arrival order) onto ``nodes``; see the module docstring for the
     engines (``greedy`` supports the ``frag`` policy only, ``cycle`` ``frag`` and ``bestfit``).
@@ -517,6 +518,8 @@ def replay(
             placements.append(TracePlacement(p.name, node, grant, cycle))
         for c in crossed:
             ratios[c] = 100 * allocated / capacity if capacity else 0.0
+        if progress is not None:
+            progress(min(len(pods), (cycle + 1) * settings.batch), len(pods))
     return ReplayResult(
         placements=placements,
         ratios=ratios,
@@ -577,8 +580,11 @@ def _quiet_logs() -> None:
     )
 
 
-def run_trace(args: argparse.Namespace) -> int:
-    """Run a trace replay from parsed flags; prints a table (or JSON). Exit code 0/2."""
+def run_trace(
+    args: argparse.Namespace, progress: Callable[[float, float], None] | None = None
+) -> int:
+    """Run a trace replay from parsed flags; prints a table (or JSON). Exit code 0/2.
+    ``progress(pods done, pods)`` is called after every cycle."""
     try:
         nodes, pods = load_trace_args(args)
     except TraceError as e:
@@ -588,7 +594,7 @@ def run_trace(args: argparse.Namespace) -> int:
     if engine != "arrays":
         _quiet_logs()
     try:
-        result = replay(nodes, pods, settings_from_args(args), engine=engine)
+        result = replay(nodes, pods, settings_from_args(args), engine=engine, progress=progress)
     except ValueError as e:
         print(f"kai-scheduler simulate: {e}", file=sys.stderr)
         return 2
@@ -611,7 +617,7 @@ def run_trace(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"openb replay ({args.policy}, batch {args.batch})")
+    table = Table(title=f"openb replay ({args.policy}, batch {args.batch}, engine {engine})")
     table.add_column("arrived % of GPU capacity", justify="right")
     table.add_column("GPU allocation ratio %", justify="right")
     for k, v in summary["allocation_ratio_at_arrived"].items():

@@ -191,7 +191,7 @@ def test_trace_mode_is_handed_to_replay(
         parser.add_argument("--trace")
         parser.add_argument("--nodes")
 
-    def run_trace(args: argparse.Namespace) -> int:
+    def run_trace(args: argparse.Namespace, progress: object = None) -> int:
         seen.append(args)
         return 7
 

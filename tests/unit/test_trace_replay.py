@@ -341,3 +341,14 @@ def test_auto_engine_runs_the_live_cycle_where_affordable() -> None:
     assert auto_engine(1, "frag") == "greedy"
     assert auto_engine(1, "bestfit") == "arrays"
     assert auto_engine(64, "fgd") == "arrays"
+
+
+def test_replay_reports_progress_after_every_cycle(tmp_path: Path) -> None:
+    nodes_csv, pods_csv = _slice_files(tmp_path)
+    nodes = load_nodes(nodes_csv)
+    pods = arrival_order(load_pods(pods_csv), nodes, seed=3, inflate_to=1.1)
+    seen: list[tuple[float, float]] = []
+    replay(nodes, pods, ReplaySettings(batch=16), progress=lambda d, t: seen.append((d, t)))
+    assert len(seen) == -(-len(pods) // 16)
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert seen[-1] == (len(pods), len(pods))
