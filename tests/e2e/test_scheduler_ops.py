@@ -68,12 +68,24 @@ def test_malformed_input_becomes_events_and_others_still_run(
         "Event on the node", lambda: event("Node", nodes[0], "default"), logs=sched
     )
     assert any("nvidia.com/gpu.memory" in e["message"] for e in node_events), node_events
+
+    def lost_condition() -> list[dict[str, Any]]:
+        # Events and pod status are separate writes of one commit: wait for the condition
+        # itself rather than assume it landed with the PodGroup's Event.
+        (pod,) = [p for p in kai_cluster.pods(namespace) if p["metadata"]["name"] == "lost-0"]
+        conditions = pod["status"].get("conditions") or []
+        return [
+            c
+            for c in conditions
+            if c["type"] == "PodScheduled"
+            and c["status"] == "False"
+            and missing_queue in c.get("message", "")
+        ]
+
+    wait_for("PodScheduled=False naming the queue on lost-0", lost_condition, logs=sched)
     pods = {p["metadata"]["name"]: p for p in kai_cluster.pods(namespace)}
     assert not pods["bad-fraction"]["spec"].get("nodeName")
     assert not pods["lost-0"]["spec"].get("nodeName")
-    conditions = pods["lost-0"]["status"].get("conditions") or []
-    waiting = [c for c in conditions if c["type"] == "PodScheduled" and c["status"] == "False"]
-    assert waiting and missing_queue in waiting[0].get("message", ""), conditions
     # The process survived all of it and keeps scheduling.
     kai_cluster.create(pod_manifest("later", gpus=1, node_selector=tag), namespace=namespace)
     wait_for(
