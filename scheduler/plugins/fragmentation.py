@@ -455,32 +455,42 @@ class FragmentationScorer:
         return value
 
     def pick_devices(self, node: NodeView, demand: PodDemand) -> tuple[int, ...] | None:
-        """Whole GPUs: the lowest free devices. A fractional pod: the device whose use
-        raises fragmentation least (ties: the tightest fit, then the lowest index)."""
+        """Whole GPUs: the lowest free devices. Shares: device by device, the one whose use
+        raises fragmentation least (ties: the tightest fit, then the lowest index); a pod
+        asking a share of several devices takes them one after another that way."""
         free = list(node.gpu_free)
         k, milli = demand.gpu_count, demand.gpu_milli
         if k == 0:
             return ()
-        if demand.whole_gpus or k > 1:
+        if demand.whole_gpus:
             whole = [i for i, f in enumerate(free) if f >= GPU_MILLI]
             return tuple(whole[:k]) if len(whole) >= k else None
         key = self._key(node, demand)
         if key in self._picks:
             return self._picks[key]
-        options = sorted({f for f in free if f >= milli})
         picked: tuple[int, ...] | None = None
-        if options:
+        if sum(1 for f in free if f >= milli) >= k:
             model = node.node.gpu_model
             cpu = node.free.get(CPU, 0) - demand.requests.get(CPU, 0)
             mem = (node.free.get(MEMORY, 0) - demand.requests.get(MEMORY, 0)) // MIB
-
-            def after(value: int) -> float:
-                state = list(free)
-                state[state.index(value)] -= milli
-                return self.node_fragmentation(cpu, mem, state, model)
-
-            best = min(options, key=lambda v: (after(v), v))
-            picked = (free.index(best),)
+            state, taken = list(free), []
+            for _ in range(k):
+                # Devices with equal room are interchangeable: score each value once (the
+                # lowest index of each). Ties: the tightest fit, then the lowest index.
+                options = {
+                    f: i
+                    for i, f in reversed(list(enumerate(state)))
+                    if f >= milli and i not in taken
+                }
+                scored = []
+                for value, index in options.items():
+                    trial = list(state)
+                    trial[index] -= milli
+                    scored.append((self.node_fragmentation(cpu, mem, trial, model), value, index))
+                index = min(scored)[2]
+                taken.append(index)
+                state[index] -= milli
+            picked = tuple(sorted(taken))
         if len(self._picks) > 500_000:
             self._picks.clear()
         self._picks[key] = picked

@@ -308,3 +308,34 @@ def test_a_failing_scorer_falls_back_to_packing_for_the_cycle() -> None:
     )
     placement = solve(snap, scorer=Broken())
     assert [(a.pod_uid, a.node) for a in placement.assignments] == [("new", "n1")]
+
+
+def test_a_share_of_several_devices_uses_partly_used_ones() -> None:
+    """``gpu-fraction`` with ``gpu-fraction-num-devices: 2``: half of two devices fits on a
+    node whose two GPUs are each half used (the picker once asked for whole devices)."""
+    from scheduler.solver import ClusterState, GangRequest, place_gangs
+
+    running = [
+        _pod(f"old-{d}", 500, node_name="n1", phase=PodPhase.RUNNING, gpu_grant=((d, 500),))
+        for d in (0, 1)
+    ]
+    new = Pod(
+        uid="new",
+        namespace="ns",
+        name="new",
+        requests=Resources({"cpu": 1000, "memory": 1 << 30}),
+        gpu=GpuRequest(2, 500),
+        gang="ns/new",
+        queue="q",
+    )
+    snap = Snapshot(
+        nodes=(_node("n1", 2, "T4"),),
+        pods=(*running, new),
+        gangs=(Gang("ns", "new", queue="q"),),
+    )
+    result = place_gangs(
+        ClusterState.from_snapshot(snap),
+        [GangRequest("ns/new", "q", required=(new,))],
+        FragmentationScorer(),
+    )
+    assert [(a.node, a.gpu_grant) for a in result.assignments] == [("n1", ((0, 500), (1, 500)))]
