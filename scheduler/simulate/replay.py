@@ -10,9 +10,10 @@ FGD paper's rule). Three engines run the cycles:
   what a cluster running the scheduler with that setting would do. About 0.1-0.5 s per cycle
   on the openb cluster, so it is used for batches.
 - ``greedy``: only the placement pass of that cycle (:func:`scheduler.solver.place_gangs`
-  with the same scorer) on one incrementally updated state: about 4 ms per pod, so a 10k-pod
+  with the same scorer) on one incrementally updated state: about 2 ms per pod, so a 10k-pod
   replay with one pod per cycle takes under a minute. With one single-pod gang per cycle
-  and one queue, the skipped stages have nothing to decide.
+  and one queue, the skipped stages have nothing to decide. One difference: its workload
+  mix counts every arrival, the cycle's only the pods alive in the snapshot.
 - ``arrays``: a vectorised re-implementation (numpy arrays of free CPU, memory and device
   thousandths plus cached fragmentation terms) with the same arithmetic: seconds per replay;
   a cross-check, and the only engine with the ``fgd`` baseline policy.
