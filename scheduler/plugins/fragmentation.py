@@ -46,6 +46,7 @@ __all__ = [
     "candidate_fragmentation",
     "device_sums",
     "fragmentation",
+    "refresh_due",
     "scorer_for_snapshot",
     "task_type",
 ]
@@ -314,6 +315,13 @@ def candidate_fragmentation(
     return fragmentation(mix, g, after, cpu_after, mem_after, model[cand.node])
 
 
+def refresh_due(new: int, before: int, every: int, growth: float) -> bool:
+    """Whether a mix that had ``before`` tasks at its last rebuild and ``new`` more since
+    should be rebuilt: after ``every`` more, or ``growth`` x ``before`` more if that is more
+    (the mix settles as tasks accumulate)."""
+    return new > 0 and new >= max(every, growth * before)
+
+
 class FragmentationScorer:
     """NodeScorer + DevicePicker for the live greedy: fragmentation increase, lower is better.
 
@@ -347,9 +355,6 @@ class FragmentationScorer:
         #: in equal states are common (one per shape when the cluster is empty), so most
         #: scores reuse an entry.
         self._memo: dict[tuple[int, int, tuple[int, ...], str | None], float] = {}
-        #: (node state, pod shape[, grant]) -> score / device choice under the current arrays.
-        self._scores: dict[tuple[object, ...], float] = {}
-        self._picks: dict[tuple[object, ...], tuple[int, ...] | None] = {}
         #: Bumped whenever scores change (a rebuilt mix): cached rankings must be dropped.
         self.generation = 0
 
@@ -370,8 +375,6 @@ class FragmentationScorer:
         self._arrays = self.mix.arrays(self.models)
         self._version = self.mix.version
         self._memo.clear()
-        self._scores.clear()
-        self._picks.clear()
         self.generation += 1
 
     def refresh(self) -> bool:
@@ -381,8 +384,9 @@ class FragmentationScorer:
         """
         if self._arrays is None:
             return False  # built on first use, from the whole mix
-        grown = self.mix.version - self._version
-        if grown > 0 and grown >= max(self.refresh_every, self.refresh_growth * self._version):
+        if refresh_due(
+            self.mix.version - self._version, self._version, self.refresh_every, self.refresh_growth
+        ):
             self._rebuild()
             return True
         return False
@@ -412,21 +416,6 @@ class FragmentationScorer:
         self._memo[key] = value
         return value
 
-    def _key(self, node: NodeView, demand: PodDemand) -> tuple[object, ...]:
-        """Everything a score or device choice reads (the node name is not part of it)."""
-        model = node.node.gpu_model
-        self._mix(model)  # refresh first, so a key never outlives its arrays
-        return (
-            node.free.get(CPU, 0),
-            node.free.get(MEMORY, 0) // MIB,
-            tuple(node.gpu_free),
-            model,
-            demand.requests.get(CPU, 0),
-            demand.requests.get(MEMORY, 0) // MIB,
-            demand.gpu_count,
-            demand.gpu_milli,
-        )
-
     def score(self, node: NodeView, demand: PodDemand, grant: Sequence[tuple[int, int]]) -> float:
         """Fragmentation after minus before placing ``demand`` with ``grant`` on ``node``.
 
@@ -434,10 +423,6 @@ class FragmentationScorer:
         least free GPU afterwards wins (a term below 1e-6 for up to 9 devices; ties are
         common and measured worth about 0.6 points of allocation on the openb trace).
         """
-        key = (*self._key(node, demand), tuple(grant))
-        hit = self._scores.get(key)
-        if hit is not None:
-            return hit
         model = node.node.gpu_model
         cpu = node.free.get(CPU, 0)
         mem = node.free.get(MEMORY, 0) // MIB
@@ -448,11 +433,7 @@ class FragmentationScorer:
         cpu_after = cpu - demand.requests.get(CPU, 0)
         mem_after = mem - demand.requests.get(MEMORY, 0) // MIB
         delta = self.node_fragmentation(cpu_after, mem_after, after, model) - before
-        value = round(delta, 6) + TIE_SCALE * sum(max(0, f) for f in after)
-        if len(self._scores) > 500_000:
-            self._scores.clear()
-        self._scores[key] = value
-        return value
+        return round(delta, 6) + TIE_SCALE * sum(max(0, f) for f in after)
 
     def pick_devices(self, node: NodeView, demand: PodDemand) -> tuple[int, ...] | None:
         """Whole GPUs: the lowest free devices. Shares: device by device, the one whose use
@@ -465,36 +446,27 @@ class FragmentationScorer:
         if demand.whole_gpus:
             whole = [i for i, f in enumerate(free) if f >= GPU_MILLI]
             return tuple(whole[:k]) if len(whole) >= k else None
-        key = self._key(node, demand)
-        if key in self._picks:
-            return self._picks[key]
-        picked: tuple[int, ...] | None = None
-        if sum(1 for f in free if f >= milli) >= k:
-            model = node.node.gpu_model
-            cpu = node.free.get(CPU, 0) - demand.requests.get(CPU, 0)
-            mem = (node.free.get(MEMORY, 0) - demand.requests.get(MEMORY, 0)) // MIB
-            state, taken = list(free), []
-            for _ in range(k):
-                # Devices with equal room are interchangeable: score each value once (the
-                # lowest index of each). Ties: the tightest fit, then the lowest index.
-                options = {
-                    f: i
-                    for i, f in reversed(list(enumerate(state)))
-                    if f >= milli and i not in taken
-                }
-                scored = []
-                for value, index in options.items():
-                    trial = list(state)
-                    trial[index] -= milli
-                    scored.append((self.node_fragmentation(cpu, mem, trial, model), value, index))
-                index = min(scored)[2]
-                taken.append(index)
-                state[index] -= milli
-            picked = tuple(sorted(taken))
-        if len(self._picks) > 500_000:
-            self._picks.clear()
-        self._picks[key] = picked
-        return picked
+        if sum(1 for f in free if f >= milli) < k:
+            return None
+        model = node.node.gpu_model
+        cpu = node.free.get(CPU, 0) - demand.requests.get(CPU, 0)
+        mem = (node.free.get(MEMORY, 0) - demand.requests.get(MEMORY, 0)) // MIB
+        state, taken = list(free), []
+        for _ in range(k):
+            # Devices with equal room are interchangeable: score each value once (the
+            # lowest index of each). Ties: the tightest fit, then the lowest index.
+            options = {
+                f: i for i, f in reversed(list(enumerate(state))) if f >= milli and i not in taken
+            }
+            scored = []
+            for value, index in options.items():
+                trial = list(state)
+                trial[index] -= milli
+                scored.append((self.node_fragmentation(cpu, mem, trial, model), value, index))
+            index = min(scored)[2]
+            taken.append(index)
+            state[index] -= milli
+        return tuple(sorted(taken))
 
 
 def _task_of(demand: PodDemand, models: Sequence[str]) -> TaskType:

@@ -44,6 +44,7 @@ from scheduler.plugins.fragmentation import (
     candidate_fragmentation,
     device_sums,
     fragmentation,
+    refresh_due,
 )
 from scheduler.simulate.trace import (
     TraceError,
@@ -380,8 +381,10 @@ def _array_engine(nodes: Sequence[TraceNode], settings: ReplaySettings) -> Cycle
         mix.extend(_task(p) for p in batch)
         since_refresh += len(batch)
         seen += len(batch)
-        due = max(settings.refresh_every, settings.refresh_growth * (seen - since_refresh))
-        if cluster.mix_arrays is None or since_refresh >= due:
+        due = refresh_due(
+            since_refresh, seen - since_refresh, settings.refresh_every, settings.refresh_growth
+        )
+        if cluster.mix_arrays is None or due:
             cluster.refresh(mix.arrays(cluster.models))
             since_refresh = 0
         return [
