@@ -373,7 +373,7 @@ def _array_engine(nodes: Sequence[TraceNode], settings: ReplaySettings) -> Cycle
     """The vectorised engine: numpy node arrays, one ``choose`` per pod."""
     cluster = _Cluster(nodes)
     mix = _mix_for(settings)
-    since_refresh = settings.refresh_every
+    since_refresh = 0
     seen = 0
 
     def place(cycle: int, batch: list[TracePod]) -> list[Outcome]:
