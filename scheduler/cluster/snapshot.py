@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 from scheduler.cluster.codec import decode, encode
 from scheduler.cluster.gang import Gang
@@ -20,7 +21,7 @@ from scheduler.cluster.pod import Pod
 from scheduler.cluster.queue import Queue, QueueTree
 from scheduler.cluster.resources import GPU, Resources
 
-__all__ = ["NodeState", "Snapshot"]
+__all__ = ["BoundUsage", "NodeState", "Snapshot", "bound_usage"]
 
 SNAPSHOT_VERSION = 1
 
@@ -91,41 +92,13 @@ class Snapshot:
 
     @cached_property
     def _node_states(self) -> dict[str, NodeState]:
-        """Per node: resources used by active bound pods and free thousandths per GPU device.
-
-        Pods bound to a node that is not in the snapshot are ignored here (they hold nothing
-        the scheduler can give away). A whole-GPU pod bound without a recorded device grant
-        (e.g. placed by another scheduler) takes the lowest-indexed free devices, so device
-        accounting stays conservative.
-        """
-        used: dict[str, Resources] = {n.name: Resources() for n in self.nodes}
-        gpu_free: dict[str, list[int]] = {n.name: [GPU_MILLI] * n.gpu_count for n in self.nodes}
-        ungranted: list[Pod] = []
-        for p in self.pods:
-            if not p.bound or not p.active or p.node_name not in used:
-                continue
-            assert p.node_name is not None
-            used[p.node_name] = used[p.node_name] + p.requests
-            devices = gpu_free[p.node_name]
-            if p.gpu_grant:
-                for index, milli in p.gpu_grant:
-                    if 0 <= index < len(devices):
-                        devices[index] -= milli
-            elif p.requests[GPU] or p.gpu is not None:
-                ungranted.append(p)
-        for p in ungranted:
-            assert p.node_name is not None
-            devices = gpu_free[p.node_name]
-            node = self.node_by_name[p.node_name]
-            count = p.requests[GPU] or (p.gpu.count if p.gpu else 0)
-            share = None if p.requests[GPU] or p.gpu is None else p.gpu.milli_on(node)
-            milli = share or GPU_MILLI
-            for _ in range(count):
-                best = max(range(len(devices)), key=lambda i: devices[i], default=None)
-                if best is None:
-                    break
-                devices[best] -= milli
-        return {n.name: NodeState(n, used[n.name], tuple(gpu_free[n.name])) for n in self.nodes}
+        """Per node: resources used by active bound pods and free thousandths per GPU device
+        (see :func:`bound_usage`)."""
+        usage = bound_usage(self)
+        return {
+            n.name: NodeState(n, Resources(usage.used[n.name]), tuple(usage.gpu_free[n.name]))
+            for n in self.nodes
+        }
 
     # --- JSON ----------------------------------------------------------------------------
 
@@ -161,3 +134,58 @@ class Snapshot:
     def from_json(cls, text: str) -> Snapshot:
         """Parse :meth:`to_json` output."""
         return cls.from_dict(json.loads(text))
+
+
+class BoundUsage(NamedTuple):
+    """Per node: requests of its active bound pods (plain dicts: this runs every cycle over
+    every pod), free thousandths per GPU device, and how many such pods it holds; and those
+    pods."""
+
+    used: dict[str, dict[str, int]]
+    gpu_free: dict[str, list[int]]
+    pod_count: dict[str, int]
+    bound: list[Pod]
+
+
+def bound_usage(snapshot: Snapshot, names: Iterable[str] | None = None) -> BoundUsage:
+    """What the active bound pods of ``snapshot`` hold, for the nodes ``names`` (default:
+    all). The one accounting the snapshot, the solver's state and the validator share.
+
+    Pods bound to a node that is not in the snapshot are ignored (they hold nothing the
+    scheduler can give away). A GPU pod bound without a recorded device grant (e.g. placed by
+    another scheduler) takes the freest devices, so device accounting stays conservative.
+    """
+    nodes = snapshot.node_by_name
+    wanted = nodes if names is None else names
+    used: dict[str, dict[str, int]] = {n: {} for n in wanted}
+    gpu_free = {n: [GPU_MILLI] * nodes[n].gpu_count for n in used}
+    pod_count: dict[str, int] = dict.fromkeys(used, 0)
+    ungranted: list[Pod] = []
+    bound: list[Pod] = []
+    for p in snapshot.pods:
+        name = p.node_name
+        if name is None or name not in used or not p.active:
+            continue
+        bound.append(p)
+        pod_count[name] += 1
+        row = used[name]
+        for r, v in p.requests.items():
+            row[r] = row.get(r, 0) + v
+        if p.gpu_grant:
+            devices = gpu_free[name]
+            for index, milli in p.gpu_grant:
+                if 0 <= index < len(devices):
+                    devices[index] -= milli
+        elif p.requests[GPU] or p.gpu is not None:
+            ungranted.append(p)
+    for p in ungranted:
+        name = p.node_name or ""
+        devices = gpu_free[name]
+        count = p.requests[GPU] or (p.gpu.count if p.gpu else 0)
+        share = None if p.requests[GPU] or p.gpu is None else p.gpu.milli_on(nodes[name])
+        for _ in range(count):
+            best = max(range(len(devices)), key=lambda i: devices[i], default=None)
+            if best is None:
+                break
+            devices[best] -= share or GPU_MILLI
+    return BoundUsage(used, gpu_free, pod_count, bound)

@@ -20,7 +20,7 @@ from functools import lru_cache
 from scheduler.cluster.node import GPU_MILLI, Node
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.resources import GPU, PODS, Resources
-from scheduler.cluster.snapshot import Snapshot
+from scheduler.cluster.snapshot import Snapshot, bound_usage
 from scheduler.framework.scoring import PodDemand
 from scheduler.solver.placement import PodAssignment
 
@@ -158,39 +158,13 @@ class ClusterState:
         pending pod selects nodes by name.
         """
         nodes = snapshot.nodes
-        used: dict[str, dict[str, int]] = {n.name: {} for n in nodes}
-        gpu_free = {n.name: [GPU_MILLI] * n.allocatable.get(GPU, 0) for n in nodes}
-        bound: list[Pod] = []
-        ungranted: list[Pod] = []
-        # Same accounting as Snapshot.node_states, with plain dicts (this runs every cycle
-        # over every pod; Resources arithmetic allocates too much here).
-        for p in snapshot.pods:
-            if p.node_name is None or p.node_name not in used or not p.active:
-                continue
-            bound.append(p)
-            row = used[p.node_name]
-            requests = p.requests
-            for k, v in requests.items():
-                row[k] = row.get(k, 0) + v
-            row[PODS] = row.get(PODS, 0) + 1
-            if p.gpu_grant:
-                devices = gpu_free[p.node_name]
-                for index, milli in p.gpu_grant:
-                    if 0 <= index < len(devices):
-                        devices[index] -= milli
-            elif GPU in requests or p.gpu is not None:
-                ungranted.append(p)
-        node_of = snapshot.node_by_name
-        for p in ungranted:
-            devices = gpu_free[p.node_name or ""]
-            node = node_of[p.node_name or ""]
-            count = p.requests[GPU] or (p.gpu.count if p.gpu else 0)
-            share = None if p.requests[GPU] or p.gpu is None else p.gpu.milli_on(node)
-            for _ in range(count):
-                best = max(range(len(devices)), key=lambda i: devices[i], default=None)
-                if best is None:
-                    break
-                devices[best] -= share or GPU_MILLI
+        usage = bound_usage(snapshot)
+        used = usage.used
+        gpu_free = usage.gpu_free
+        for name, count in usage.pod_count.items():
+            if count:
+                used[name][PODS] = used[name].get(PODS, 0) + count
+        bound = usage.bound
         slots = []
         for n in nodes:
             row = used[n.name]

@@ -20,7 +20,7 @@ from scheduler.cluster.node import GPU_MILLI
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.queue import QUEUE_RESOURCES, UNLIMITED, pod_queue_usage
 from scheduler.cluster.resources import GPU, PODS
-from scheduler.cluster.snapshot import Snapshot
+from scheduler.cluster.snapshot import Snapshot, bound_usage
 from scheduler.solver.placement import PodAssignment
 
 __all__ = ["validate"]
@@ -48,7 +48,7 @@ def validate(snapshot: Snapshot, assignments: Sequence[PodAssignment]) -> list[s
     # Usage only of the nodes this placement touches: the snapshot's own accounting on a
     # sub-snapshot, so a 5,000-node cycle does not pay for nodes it leaves alone.
     touched = {a.node for a in assignments if a.node in nodes}
-    used, gpu_free, pod_count = _usage(snapshot, touched)
+    used, gpu_free, pod_count, _ = bound_usage(snapshot, touched)
 
     added: dict[str, dict[str, int]] = defaultdict(dict)
     added_pods: dict[str, int] = defaultdict(int)
@@ -141,44 +141,6 @@ def validate(snapshot: Snapshot, assignments: Sequence[PodAssignment]) -> list[s
 
     out.extend(_queue_violations(snapshot, placed))
     return out
-
-
-def _usage(
-    snapshot: Snapshot, touched: set[str]
-) -> tuple[dict[str, dict[str, int]], dict[str, list[int]], dict[str, int]]:
-    """Per touched node: resources used by active bound pods, free thousandths per device
-    and the pod count. A GPU pod bound without a recorded grant takes the freest devices."""
-    nodes = snapshot.node_by_name
-    used: dict[str, dict[str, int]] = {n: {} for n in touched}
-    gpu_free = {n: [GPU_MILLI] * nodes[n].gpu_count for n in touched}
-    pod_count: dict[str, int] = defaultdict(int)
-    ungranted: list[Pod] = []
-    for p in snapshot.pods:
-        name = p.node_name
-        if name not in used or not p.bound or not p.active:
-            continue
-        pod_count[name] += 1
-        row = used[name]
-        for r, v in p.requests.items():
-            row[r] = row.get(r, 0) + v
-        devices = gpu_free[name]
-        if p.gpu_grant:
-            for index, milli in p.gpu_grant:
-                if 0 <= index < len(devices):
-                    devices[index] -= milli
-        elif p.requests[GPU] or p.gpu is not None:
-            ungranted.append(p)
-    for p in ungranted:
-        devices = gpu_free[p.node_name or ""]
-        node = nodes[p.node_name or ""]
-        count = p.requests[GPU] or (p.gpu.count if p.gpu else 0)
-        share = None if p.requests[GPU] or p.gpu is None else p.gpu.milli_on(node)
-        for _ in range(count):
-            if not devices:
-                break
-            best = max(range(len(devices)), key=lambda i: devices[i])
-            devices[best] -= share or GPU_MILLI
-    return used, gpu_free, pod_count
 
 
 def _queue_of(snapshot: Snapshot, pod: Pod) -> str:
