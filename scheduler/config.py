@@ -81,6 +81,9 @@ class SchedulerConfig:
     staleness_grace_period: float = 60.0
     #: Attempts per bind before the pod's bind is given up for this cycle.
     bind_attempts: int = 3
+    #: API requests (binds, status writes, Events) in flight at once; binds stream in the
+    #: background, so this bounds how fast a backlog is bound and how hard the API is hit.
+    max_requests_in_flight: int = 16
     #: The same Event (object, reason, message) is sent at most once per this many seconds.
     event_interval: float = 60.0
     #: Leader election timing.
@@ -214,6 +217,7 @@ def parse_config(data: Any, base: SchedulerConfig | None = None) -> SchedulerCon
             lambda v, k: _duration(v, k, positive=False),
         ),
         "bindAttempts": ("bind_attempts", lambda v, k: _int(v, k, 1)),
+        "maxRequestsInFlight": ("max_requests_in_flight", lambda v, k: _int(v, k, 1)),
         "eventInterval": ("event_interval", lambda v, k: _duration(v, k, positive=False)),
     }
     nested = ("placement", "solverTimeLimit", "leaderElection")

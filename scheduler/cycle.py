@@ -35,6 +35,8 @@ class CommitResult:
     failed_gangs: tuple[str, ...] = ()
     bound_pods: int = 0
     failed_pods: int = 0
+    #: Pods whose binds were started and finish in the background (the live backend).
+    dispatched_pods: int = 0
 
 
 class Backend(Protocol):
@@ -87,6 +89,7 @@ async def run_cycle(backend: Backend, settings: PlacementSettings, number: int) 
         pending_gangs=pending,
         placed_gangs=sum(1 for o in placement.outcomes.values() if o.placed),
         bound_pods=result.bound_pods,
+        dispatched_pods=result.dispatched_pods,
         failed_pods=result.failed_pods,
         status=str(placement.status),
         seconds=round(finished - started, 4),

@@ -12,6 +12,11 @@ code 1 rather than limping on):
 
 SIGTERM/SIGINT set the stop event: the current cycle finishes (bounded), the Lease is released
 so a standby takes over at once, and the process exits 0.
+
+Losing the Lease after having led ends the process with exit code 1, as kube-scheduler does:
+binds may still be queued or retrying, caches and staleness timers belong to a term that is
+over, and a fresh start (as a standby) is the only state known to be right. Until it has
+exited, every write is refused locally (the writer asks :meth:`Scheduler.is_leader`).
 """
 
 from __future__ import annotations
@@ -72,10 +77,19 @@ class Scheduler:
         self.elector: LeaderElector | None = None
         self.backend: LiveBackend | None = None
         self.cache = Cache(config.scheduler_name, config.default_queue)
+        self.lost_leadership = False
 
     def is_leader(self) -> bool:
         """True when this replica may bind (always, without leader election)."""
         return self.elector is None or self.elector.is_leader()
+
+    def _leadership(self, leading: bool) -> None:
+        self.metrics.leader.set(1 if leading else 0)
+        if not leading and not self.stop.is_set():
+            # See the module docstring: a replica that led and lost the Lease exits.
+            log.error("leader_lost_exiting", identity=self.service.identity, cycle=self.cycles)
+            self.lost_leadership = True
+            self.stop.set()
 
     def _grace(self, gang: Gang) -> float:
         """A gang's staleness grace: its PodGroup's own value, else the configured default."""
@@ -125,13 +139,12 @@ class Scheduler:
             instance=self.service.identity,
             limiter=EventLimiter(interval=cfg.event_interval),
             bind_attempts=cfg.bind_attempts,
+            max_in_flight=cfg.max_requests_in_flight,
+            may_write=self.is_leader,
         )
         if self.service.leader_elect:
             self.elector = LeaderElector(
-                api,
-                cfg.leader_election,
-                self.service.identity,
-                on_change=lambda leading: self.metrics.leader.set(1 if leading else 0),
+                api, cfg.leader_election, self.service.identity, on_change=self._leadership
             )
         else:
             self.metrics.leader.set(1)
@@ -166,7 +179,7 @@ class Scheduler:
             self.stop.set()
             self.state.stopping = True
             await self._shutdown(tasks, stopper)
-        return code
+        return 1 if self.lost_leadership else code
 
     async def _shutdown(
         self, tasks: dict[str, asyncio.Task[Any]], stopper: asyncio.Task[Any]

@@ -145,12 +145,14 @@ def resolve(
     default_queue: str,
     priorities: Mapping[str, int],
     overlay: Mapping[str, tuple[str, GpuGrant]] | None = None,
+    podgroup_api: bool = True,
 ) -> Resolution:
     """Pods, gangs and problems from the store's contents.
 
     ``podgroups`` maps ``namespace/name`` to the raw PodGroup; ``overlay`` maps pod uid to the
     (node, device grant) of pods assumed bound but not yet seen bound, and of bound pods whose
-    grant annotation has not arrived yet.
+    grant annotation has not arrived yet. ``podgroup_api`` False means the PodGroup CRD is not
+    installed, which the reason of a pod naming a PodGroup then says.
     """
     overlay = overlay or {}
     problems: list[Problem] = []
@@ -211,6 +213,13 @@ def resolve(
                     "pod can be scheduled"
                 )
                 reason = "PodGroupInvalid"
+            elif not podgroup_api:
+                message = (
+                    f"this pod names PodGroup {rec.group!r}, but the PodGroup CRD "
+                    f"({PODGROUP.plural}.{PODGROUP.group}) is not installed; install it "
+                    "(kubectl apply -f crds/) or remove the annotation"
+                )
+                reason = "PodGroupNotFound"
             else:
                 message = (
                     f"PodGroup {rec.group!r} does not exist in namespace {rec.namespace}; "

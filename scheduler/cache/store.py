@@ -1,13 +1,27 @@
-"""The scheduler's in-memory view of the cluster, fed by watch events.
+r"""The scheduler's in-memory view of the cluster, fed by watch events.
 
 :class:`Cache` keeps the latest API object of every watched kind, parsed once on arrival, and
-hands out an immutable :class:`Snapshot` per cycle. Pods the scheduler has just bound are
-*assumed*: counted as bound (with their GPU grant) before the watch reports them, *confirmed*
-when the watch shows them bound, *forgotten* when their bind fails, and expire if never
-confirmed within ``assume_ttl`` seconds::
+hands out an immutable :class:`Snapshot` per cycle. Pods the scheduler is binding are
+*assumed*: counted as bound (with their GPU grant) before the watch reports them::
 
-    pending --assume--> assumed --watch shows bound--> bound (confirmed)
-                           |--forget / TTL expiry--> pending
+    pending --assume--> assumed(binding) --bind ok--------> assumed(bound)
+                           |       \--no answer---------> assumed(uncertain)
+                           |--bind refused: forget--> pending
+    assumed(*) --watch or read-back shows it bound--> bound (confirmed)
+    assumed(bound|uncertain) --read-back shows it unbound--> pending
+
+An assumption never expires on a timer: a slow watch must not make a bound pod look pending
+(it would be placed again and its devices granted twice). Instead :meth:`Cache.due_checks`
+names the assumptions the watch has not confirmed for a while, the live backend reads those
+pods back, and hands what it read to :meth:`Cache.observe_pod`; only a pod *seen* unbound after
+its bind finished is pending again.
+
+Pod events older than what the cache already holds (a lower resourceVersion, e.g. a slow watch
+delivering the pre-bind state after a read-back) are ignored, as kube-scheduler's assume cache
+does, so a read-back is never undone by a late event.
+
+A pod's GPU grant annotation counts only once the pod is bound: a pending pod's leftover grant
+(from an old attempt, or written by hand) never beats the assumption of a new placement.
 
 Bad input never raises: an object the scheduler cannot read is left out of scheduling and
 reported by :meth:`Cache.problems`; a bound pod still occupies its node as far as it can be read.
@@ -50,16 +64,32 @@ __all__ = ["DEFAULT_ASSUME_TTL", "EVENT_TYPES", "Cache"]
 
 log = structlog.get_logger("scheduler.cache")
 
-#: Seconds an assumed pod counts as bound without the watch confirming it.
+#: Seconds after a successful bind before a pod the watch has not confirmed is read back.
 DEFAULT_ASSUME_TTL = 30.0
+#: Seconds after a bind without an answer before the pod is read back.
+DEFAULT_UNCERTAIN_RECHECK = 2.0
 EVENT_TYPES = ("ADDED", "MODIFIED", "DELETED")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Assumption:
     node: str
     grant: GpuGrant
-    deadline: float
+    #: "binding" (request in flight), "bound" (bind succeeded) or "uncertain" (no answer).
+    state: str
+    #: When the bind finished (or the last read-back found nothing to settle).
+    checked: float
+
+
+def _resource_version(obj: Mapping[str, Any]) -> int | None:
+    """The object's resourceVersion as a number (etcd revisions are), None when not one."""
+    raw = (obj.get("metadata") or {}).get("resourceVersion")
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return None
 
 
 def _key(namespace: str, name: str) -> str:
@@ -93,10 +123,12 @@ class Cache:
         clock: Callable[[], float] = time.time,
         *,
         assume_ttl: float = DEFAULT_ASSUME_TTL,
+        uncertain_recheck: float = DEFAULT_UNCERTAIN_RECHECK,
     ) -> None:
         self.scheduler_name = scheduler_name
         self.default_queue = default_queue
         self.assume_ttl = assume_ttl
+        self.uncertain_recheck = uncertain_recheck
         self._clock = clock
         self._raw: dict[str, dict[str, dict[str, Any]]] = {k: {} for k in WATCHED_KINDS}
         self._pods: dict[str, PodRecord] = {}  # by uid
@@ -106,8 +138,10 @@ class Cache:
         self._priorities: dict[str, int] = {}
         self._parse_problems: dict[tuple[str, str], Problem] = {}  # (kind, key), nodes/queues
         self._assumed: dict[str, _Assumption] = {}
-        #: Grants of pods we bound, until the watch shows their annotation: uid -> (node, grant)
-        self._grants: dict[str, tuple[str, GpuGrant]] = {}
+        #: Newest resourceVersion applied per pod uid (older events are ignored).
+        self._pod_rv: dict[str, int] = {}
+        #: Kinds whose API (CRD) is not installed, as the watcher found.
+        self._absent: set[str] = set()
         self._generation = 0
         self._resolved: tuple[int, Resolution] | None = None
         self.pending_changed = asyncio.Event()
@@ -121,6 +155,17 @@ class Cache:
     def generation(self) -> int:
         """Increases whenever the scheduling view changes (status-only updates do not count)."""
         return self._generation
+
+    def set_absent(self, kind: str, absent: bool) -> None:
+        """The watcher found ``kind``'s API missing (``absent``) or installed again; pods that
+        need it wait with a reason that says so."""
+        before = kind in self._absent
+        if absent:
+            self._absent.add(kind)
+        else:
+            self._absent.discard(kind)
+        if before != absent:
+            self._changed()
 
     def _changed(self) -> None:
         self._generation += 1
@@ -157,11 +202,12 @@ class Cache:
             self.apply(kind, "DELETED", self._raw[kind][key])
 
     def _upsert(self, kind: str, key: str, obj: dict[str, Any]) -> None:
-        old = self._raw[kind].get(key)
-        self._raw[kind][key] = obj
         if kind == "Pod":
             self._upsert_pod(key, obj)
-        elif kind == "Node":
+            return
+        old = self._raw[kind].get(key)
+        self._raw[kind][key] = obj
+        if kind == "Node":
             self._upsert_parsed(kind, key, obj, self._nodes, node_from_k8s)
         elif kind == "Queue":
             self._upsert_parsed(kind, key, obj, self._queues, queue_from_k8s)
@@ -223,19 +269,25 @@ class Cache:
             del self._pod_uid[key]
             self._raw["Pod"].pop(key, None)
         self._assumed.pop(uid, None)
-        self._grants.pop(uid, None)
+        self._pod_rv.pop(uid, None)
         if self._pods.pop(uid, None) is not None:
             self._changed()
 
-    def _upsert_pod(self, key: str, obj: dict[str, Any]) -> None:
+    def _upsert_pod(self, key: str, obj: dict[str, Any]) -> bool:
+        """Store a pod unless it is older than what we hold; True when stored."""
         meta = obj.get("metadata") or {}
         uid = meta.get("uid") or key
+        rv = _resource_version(obj)
+        held = self._pod_rv.get(uid)
+        if rv is not None and held is not None and rv < held:
+            log.debug("pod_event_stale", pod=key, resource_version=rv, held=held)
+            return False
+        if rv is not None:
+            self._pod_rv[uid] = rv
         previous_uid = self._pod_uid.get(key)
         if previous_uid is not None and previous_uid != uid:
             # Deleted and re-created under the same name while we were not watching.
-            raw = self._raw["Pod"][key]
             self._drop_pod(previous_uid, key)
-            self._raw["Pod"][key] = raw
         self._pod_uid[key] = uid
         record = self._parse_pod(uid, obj)
         pod = record.pod
@@ -247,12 +299,11 @@ class Cache:
                     log.warning(
                         "pod_bound_elsewhere", pod=key, node=pod.node_name, assumed=assumption.node
                     )
-            grant = self._grants.get(uid)
-            if pod.gpu_grant or (grant is not None and grant[0] != pod.node_name):
-                self._grants.pop(uid, None)
+        self._raw["Pod"][key] = obj
         if self._pods.get(uid) != record:
             self._pods[uid] = record
             self._changed()
+        return True
 
     def _parse_pod(self, uid: str, obj: Mapping[str, Any]) -> PodRecord:
         meta = obj.get("metadata") or {}
@@ -276,7 +327,8 @@ class Cache:
             problem = self._pod_problem(uid, namespace, name, e.field, e.message)
             if node_name:
                 pod = self._bound_fallback(obj)
-        raw_grant = annotations.get(GPU_GRANT_ANNOTATION)
+        # Only a bound pod's grant is a fact; see the module docstring.
+        raw_grant = annotations.get(GPU_GRANT_ANNOTATION) if node_name else None
         if pod is not None and raw_grant is not None:
             try:
                 pod = dataclasses.replace(pod, gpu_grant=parse_gpu_grant(str(raw_grant)))
@@ -317,61 +369,80 @@ class Cache:
         node: str,
         gpu_grant: Mapping[int, int] | Iterable[tuple[int, int]] = (),
     ) -> None:
-        """Count ``pod_uid`` as bound to ``node`` (with its device grant) until the watch
-        confirms it, :meth:`forget` is called, or ``assume_ttl`` passes."""
+        """Count ``pod_uid`` as bound to ``node`` (with its device grant) until the watch or a
+        read-back shows it bound, or :meth:`forget` is called (see the module docstring)."""
         grant = normalize_grant(gpu_grant)
-        self._assumed[pod_uid] = _Assumption(node, grant, self._clock() + self.assume_ttl)
-        if grant:
-            self._grants[pod_uid] = (node, grant)
+        self._assumed[pod_uid] = _Assumption(node, grant, "binding", self._clock())
         self._generation += 1  # capacity shrank: no new pending work, so no trigger
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # no loop (pure use): expiry happens at the next snapshot
-        # Wake the cycle when the assumption lapses, even if nothing else happens meanwhile.
-        loop.call_later(self.assume_ttl + 0.05, self._expire_due)
+
+    def bind_finished(self, pod_uid: str, *, uncertain: bool = False) -> None:
+        """The bind of an assumed pod ended: it succeeded, or (``uncertain``) it may have."""
+        a = self._assumed.get(pod_uid)
+        if a is not None:
+            a.state = "uncertain" if uncertain else "bound"
+            a.checked = self._clock()
 
     def forget(self, pod_uid: str) -> None:
-        """Undo :meth:`assume` after a failed bind: the pod is pending again, its GPUs free."""
-        assumption = self._assumed.pop(pod_uid, None)
-        record = self._pods.get(pod_uid)
-        if record is None or record.pod is None or record.pod.node_name is None:
-            self._grants.pop(pod_uid, None)
-        if assumption is not None:
+        """Undo :meth:`assume`: the bind was refused, or the pod was read back unbound; it is
+        pending again and its GPUs are free."""
+        if self._assumed.pop(pod_uid, None) is not None:
             self._changed()
 
     def assumed(self) -> dict[str, str]:
         """Pods assumed but not yet confirmed: uid -> node."""
         return {uid: a.node for uid, a in self._assumed.items()}
 
-    def _expire_due(self) -> None:
-        self._expire(self._clock())
+    def due_checks(self, now: float | None = None) -> list[tuple[str, str, str]]:
+        """Assumed pods to read back now, as (uid, namespace, name): binds without an answer
+        after ``uncertain_recheck`` seconds, successful binds the watch has not confirmed
+        after ``assume_ttl``. Each is named again only after the same wait."""
+        now = self._clock() if now is None else now
+        due: list[tuple[str, str, str]] = []
+        for uid, a in self._assumed.items():
+            wait = self.uncertain_recheck if a.state == "uncertain" else self.assume_ttl
+            if a.state == "binding" or now - a.checked < wait:
+                continue
+            record = self._pods.get(uid)
+            if record is None:
+                continue
+            a.checked = now
+            due.append((uid, record.namespace, record.name))
+        return due
 
-    def _expire(self, now: float) -> None:
-        for uid, a in list(self._assumed.items()):
-            if a.deadline <= now:
-                record = self._pods.get(uid)
-                log.warning(
-                    "assumed_pod_expired",
-                    pod=f"{record.namespace}/{record.name}" if record else uid,
-                    node=a.node,
-                    ttl=self.assume_ttl,
-                )
-                self.forget(uid)
+    def observe_pod(self, obj: Mapping[str, Any]) -> None:
+        """Apply a pod just read from the API server (a read-back or a 409's answer).
+
+        A pod read back unbound after its bind finished is pending again: its assumption is
+        dropped. Stale reads (older than what the cache holds) change nothing.
+        """
+        meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        key = _key(meta.get("namespace") or "", meta.get("name") or "")
+        if not self._upsert_pod(key, _strip(obj, "Pod")):
+            return
+        a = self._assumed.get(uid)
+        unbound = not (obj.get("spec") or {}).get("nodeName")
+        if a is not None and unbound and a.state != "binding":
+            log.info("assumed_pod_unbound", pod=key, node=a.node, state=a.state)
+            self.forget(uid)
+
+    def pod_gone(self, uid: str, namespace: str, name: str) -> None:
+        """A read-back found no such pod: drop it (the watch will agree)."""
+        self._drop_pod(uid, _key(namespace, name))
 
     # --- reading -----------------------------------------------------------------------
 
     def _resolve(self) -> Resolution:
         if self._resolved is not None and self._resolved[0] == self._generation:
             return self._resolved[1]
-        overlay = dict(self._grants)
-        overlay.update({uid: (a.node, a.grant) for uid, a in self._assumed.items()})
+        overlay = {uid: (a.node, a.grant) for uid, a in self._assumed.items()}
         resolution = resolve(
             self._pods.values(),
             self._raw["PodGroup"],
             default_queue=self.default_queue,
             priorities=self._priorities,
             overlay=overlay,
+            podgroup_api="PodGroup" not in self._absent,
         )
         self._resolved = (self._generation, resolution)
         return resolution
@@ -379,7 +450,6 @@ class Cache:
     def snapshot(self, now: float | None = None) -> Snapshot:
         """An immutable view for one cycle, assumed pods counted as bound."""
         now = self._clock() if now is None else now
-        self._expire(now)
         resolution = self._resolve()
         return Snapshot(
             nodes=tuple(self._nodes[k] for k in sorted(self._nodes)),

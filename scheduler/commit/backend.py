@@ -1,14 +1,21 @@
 """The live backend of :func:`scheduler.cycle.run_cycle`: the cache in, the API server out.
 
-``commit`` does, in this order: check leadership; bind every placed gang (each a transaction,
-gangs concurrently); evict gangs left partial past their grace period; then start publishing
-what users see (conditions, Events, PodGroup and Queue status, problems) in the background, so
-status writes for a large backlog never delay the binds of the next cycle.
+``snapshot`` first reads back the assumed pods the watch has not confirmed for a while (a
+slow or dead watch never makes a bound pod look pending; see :mod:`scheduler.cache.store`).
+
+``commit`` does, in this order: check leadership; *assume* every member of every placed gang
+(synchronously, so the next snapshot counts them); start each gang's binds as a background
+task (binding streams, as kube-scheduler's binding cycle runs apart from its scheduling cycle,
+so a cycle is never as long as its slowest bind and a backlog of thousands of pods does not
+hold the next cycle); evict gangs left partial past their grace period; then start publishing
+what users see (conditions, Events, PodGroup and Queue status, problems) in the background.
+Bind results reach the status publisher and the metrics as each gang's binds finish.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -20,9 +27,10 @@ from scheduler.cluster.gang import Gang
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.commit.staleness import StaleGang, StalenessTracker
 from scheduler.commit.status import StatusPublisher, pod_ref
-from scheduler.commit.transaction import Assumer, GangCommit, commit_gang
+from scheduler.commit.transaction import Assumer, GangCommit, assume_gang, bind_gang
 from scheduler.cycle import CommitResult
 from scheduler.fairness import FairShareReport
+from scheduler.k8s.errors import KubeError
 from scheduler.k8s.writer import Writer
 from scheduler.metrics import SchedulerMetrics
 from scheduler.solver.placement import GangOutcome, Placement, PodAssignment
@@ -41,6 +49,14 @@ class LiveCache(Assumer, Protocol):
 
     def problems(self) -> list[Problem]:
         """Objects skipped and why."""
+        ...
+
+    def due_checks(self, now: float | None = None) -> list[tuple[str, str, str]]:
+        """Assumed pods to read back now: (uid, namespace, name)."""
+        ...
+
+    def pod_gone(self, uid: str, namespace: str, name: str) -> None:
+        """A read-back found no such pod."""
         ...
 
 
@@ -69,11 +85,37 @@ class LiveBackend:
         self._led = True
         self._status_task: asyncio.Task[None] | None = None
         self._unpublished: dict[str, GangCommit] = {}
+        #: Gangs whose binds are in flight (background tasks), by gang key.
+        self._binding: dict[str, asyncio.Task[GangCommit]] = {}
+        self._last: tuple[Snapshot, Placement, FairShareReport, int] | None = None
+
+    @property
+    def binds_in_flight(self) -> int:
+        """Gangs whose binds have not finished yet."""
+        return len(self._binding)
 
     async def snapshot(self) -> Snapshot:
-        """The cache's snapshot (built on the loop; the cache keeps it cheap)."""
+        """The cache's snapshot, after reading back assumptions that are due (see above)."""
         self.cycle += 1
+        due = self.cache.due_checks()
+        if due:
+            await self._read_back(due)
         return self.cache.snapshot()
+
+    async def _read_back(self, due: Sequence[tuple[str, str, str]]) -> None:
+        async def one(uid: str, namespace: str, name: str) -> None:
+            try:
+                pod = await self.writer.get_pod(namespace, name)
+            except KubeError as e:
+                log.warning("read_back_failed", pod=f"{namespace}/{name}", error=e.message)
+                return
+            if pod is None or (pod.get("metadata") or {}).get("uid") != uid:
+                self.cache.pod_gone(uid, namespace, name)
+            else:
+                self.cache.observe_pod(pod)
+
+        log.info("assumed_pods_read_back", count=len(due))
+        await asyncio.gather(*(one(*d) for d in due))
 
     async def commit(
         self, snapshot: Snapshot, placement: Placement, report: FairShareReport
@@ -101,35 +143,73 @@ class LiveBackend:
         placed += [
             GangOutcome(g, queue_of.get(g, ""), True, tuple(items)) for g, items in extras.items()
         ]
-        commits: list[GangCommit] = list(
-            await asyncio.gather(
-                *(
-                    commit_gang(o, pods, self.writer, self.cache, self.is_leader, cycle=cycle)
-                    for o in placed
-                )
+        dispatched = 0
+        skipped: list[GangCommit] = []
+        for o in placed:
+            if o.gang in self._binding:
+                # Extra members of a gang whose earlier binds are still going out: the next
+                # cycle places them again once those have settled.
+                continue
+            commit = assume_gang(o, pods, self.cache, self.is_leader, cycle=cycle)
+            if commit is not None:
+                skipped.append(commit)
+                continue
+            dispatched += len(o.pods)
+            task = asyncio.create_task(
+                bind_gang(o, pods, self.writer, self.cache, cycle=cycle), name=f"bind-{o.gang}"
             )
-        )
-        done = {c.gang: c for c in commits}
-        bound = sum(len(c.bound) for c in commits)
-        failed = sum(len(c.failed) for c in commits)
-        if self.metrics is not None:
-            self.metrics.binds.inc(bound)
-            self.metrics.bind_failures.inc(failed)
+            self._binding[o.gang] = task
+            task.add_done_callback(functools.partial(self._bound, o.gang))
         if not self.is_leader():
-            return self._result(commits)
+            return CommitResult(dispatched_pods=dispatched)
         stale = self.staleness.update(
-            snapshot, self.clock(), placed=[c.gang for c in commits if c.complete], grace=self.grace
+            snapshot,
+            self.clock(),
+            placed=[o.gang for o in placed if o.gang in self._binding],
+            grace=self.grace,
         )
         if stale:
             await self._evict(stale, cycle)
-        self._unpublished.update({k: v for k, v in done.items() if v.bound or v.failed})
-        if self._status_task is None or self._status_task.done():
-            commits_to_tell, self._unpublished = self._unpublished, {}
-            self._status_task = asyncio.create_task(
-                self._publish(snapshot, placement, commits_to_tell, report, cycle),
-                name=f"status-{cycle}",
-            )
-        return self._result(commits)
+        self._unpublished.update({c.gang: c for c in skipped if c.failed})
+        self._last = (snapshot, placement, report, cycle)
+        self._start_publish()
+        return CommitResult(
+            failed_gangs=tuple(c.gang for c in skipped if c.failed),
+            failed_pods=sum(len(c.failed) for c in skipped),
+            dispatched_pods=dispatched,
+        )
+
+    def _bound(self, gang: str, task: asyncio.Task[GangCommit]) -> None:
+        """A gang's binds finished: count them and queue them for the status publisher."""
+        if self._binding.get(gang) is task:
+            del self._binding[gang]
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            log.error("bind_task_failed", gang=gang, error=repr(error))
+            return
+        commit = task.result()
+        if self.metrics is not None:
+            self.metrics.binds.inc(len(commit.bound))
+            self.metrics.bind_failures.inc(len(commit.failed))
+        if commit.bound or commit.failed:
+            self._unpublished[gang] = commit
+            self._start_publish()
+
+    def _start_publish(self) -> None:
+        """Publish the newest cycle's view with every bind result not told yet, unless a
+        publish is running (the next one reports the newest state)."""
+        if self._last is None:
+            return
+        if self._status_task is not None and not self._status_task.done():
+            return
+        snapshot, placement, report, cycle = self._last
+        commits_to_tell, self._unpublished = self._unpublished, {}
+        self._status_task = asyncio.create_task(
+            self._publish(snapshot, placement, commits_to_tell, report, cycle),
+            name=f"status-{cycle}",
+        )
 
     async def _publish(
         self,
@@ -152,18 +232,15 @@ class LiveBackend:
             log.exception("status_publish_failed", cycle=cycle)
 
     async def flush(self) -> None:
-        """Wait for the status writes in flight (tests, clean shutdown)."""
+        """Wait for the binds and status writes in flight (tests, clean shutdown)."""
+        while self._binding:
+            await asyncio.gather(*list(self._binding.values()), return_exceptions=True)
         if self._status_task is not None:
             await asyncio.gather(self._status_task, return_exceptions=True)
-
-    @staticmethod
-    def _result(commits: Sequence[GangCommit]) -> CommitResult:
-        return CommitResult(
-            bound_gangs=tuple(c.gang for c in commits if c.complete),
-            failed_gangs=tuple(c.gang for c in commits if c.failed),
-            bound_pods=sum(len(c.bound) for c in commits),
-            failed_pods=sum(len(c.failed) for c in commits),
-        )
+        if self._unpublished:
+            self._start_publish()
+            if self._status_task is not None:
+                await asyncio.gather(self._status_task, return_exceptions=True)
 
     async def _evict(self, stale: Sequence[StaleGang], cycle: int) -> None:
         for s in stale:

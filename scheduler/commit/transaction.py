@@ -1,17 +1,24 @@
-"""One gang's commit as a transaction: record grants, assume, bind all at once, forget failures.
+"""One gang's commit as a transaction: assume every member, bind them all, settle each outcome.
 
 Order matters for restarts and for the next cycle:
 
-1. The GPU device grant is written to each pod (annotation) *before* its bind, so whoever
-   reads the bound pod later - a restarted scheduler included - knows its devices.
-2. Every pod is *assumed* in the cache before its bind is sent, so the next snapshot already
-   counts it as placed even if the watch event arrives late (no double placement).
-3. Binds go out concurrently. A pod whose bind fails for good is *forgotten*, so its resources
-   come back. If some members bound and others failed, the gang is partial; the staleness
-   tracker evicts it if it stays partial past its grace period.
+1. Every pod is *assumed* in the cache (with its GPU grant) before its bind is sent, so the
+   next snapshot already counts it as placed even if the watch event arrives late.
+2. Binds go out concurrently, each carrying the pod's GPU grant in the Binding's metadata
+   (the API server writes node and grant onto the pod in one write; see
+   :mod:`scheduler.k8s.writer`), so a restarted scheduler reads exact device accounting from
+   the bound pods alone and no grant is ever written without its bind.
+3. Each outcome is settled in the cache: a bind that succeeded stays assumed until the watch
+   (or a read-back) shows the pod bound; a bind whose answer was lost stays assumed as
+   *uncertain* until a read-back proves where the pod is; only a bind refused for good is
+   *forgotten*, giving its resources back. If some members bound and others were refused, the
+   gang is partial; the staleness tracker evicts it if it stays partial past its grace period.
 
-Leadership is checked right before the binds go out: a replica that lost the Lease while
-solving binds nothing.
+Leadership is checked before anything is assumed, and the writer checks it again right before
+every request goes out: a replica that lost the Lease sends nothing more.
+
+:func:`assume_gang` is synchronous and :func:`bind_gang` does the I/O, so the live backend can
+assume in the cycle and let the binds stream in the background while the next cycle runs.
 """
 
 from __future__ import annotations
@@ -19,22 +26,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
 from scheduler.cluster.pod import Pod
-from scheduler.k8s.errors import KubeError
 from scheduler.k8s.writer import BindOutcome, Writer
 from scheduler.solver.placement import GangOutcome, PodAssignment
 
-__all__ = ["Assumer", "GangCommit", "commit_gang"]
+__all__ = ["Assumer", "GangCommit", "assume_gang", "bind_gang", "commit_gang"]
 
 log = structlog.get_logger("scheduler.commit")
 
 
 class Assumer(Protocol):
-    """The part of the cache a commit needs."""
+    """The part of the cache a commit needs (see :class:`scheduler.cache.Cache`)."""
 
     def assume(
         self,
@@ -42,11 +48,19 @@ class Assumer(Protocol):
         node: str,
         gpu_grant: Mapping[int, int] | Iterable[tuple[int, int]] = (),
     ) -> None:
-        """Treat the pod as bound to ``node`` (with its device grant) until the watch says so."""
+        """Treat the pod as bound to ``node`` (with its device grant) until proven otherwise."""
+        ...
+
+    def bind_finished(self, pod_uid: str, *, uncertain: bool = False) -> None:
+        """The bind request ended: succeeded, or (``uncertain``) without a usable answer."""
         ...
 
     def forget(self, pod_uid: str) -> None:
-        """Drop an assumption whose bind failed."""
+        """Drop an assumption whose bind was refused for good."""
+        ...
+
+    def observe_pod(self, obj: Mapping[str, Any]) -> None:
+        """A pod as just read from the API server (newer than the watch may be)."""
         ...
 
 
@@ -57,13 +71,15 @@ class GangCommit:
     gang: str
     bound: list[PodAssignment] = field(default_factory=list)
     failed: list[tuple[PodAssignment, str]] = field(default_factory=list)
-    #: True when the binds were not attempted (lost leadership, or a grant write failed).
+    #: Binds whose answer was lost: the pods stay assumed until a read-back settles them.
+    uncertain: list[tuple[PodAssignment, str]] = field(default_factory=list)
+    #: True when the binds were not attempted (lost leadership, or a pod left the snapshot).
     skipped: bool = False
 
     @property
     def complete(self) -> bool:
         """Every assigned pod is bound."""
-        return not self.failed and not self.skipped and bool(self.bound)
+        return not self.failed and not self.uncertain and not self.skipped and bool(self.bound)
 
     @property
     def partial(self) -> bool:
@@ -71,72 +87,62 @@ class GangCommit:
         return bool(self.bound) and bool(self.failed)
 
 
-async def _record_grants(
-    writer: Writer, assignments: Sequence[PodAssignment], pods: Mapping[str, Pod]
-) -> list[tuple[PodAssignment, str]]:
-    """Write grant annotations; returns the assignments whose write failed (with why)."""
-
-    async def one(a: PodAssignment) -> str:
-        pod = pods.get(a.pod_key)
-        if pod is None:
-            return "pod is no longer in the snapshot"
-        if not a.gpu_grant:
-            return ""
-        try:
-            await writer.record_grant(pod.namespace, pod.name, dict(a.gpu_grant))
-        except KubeError as e:
-            return e.message
-        return ""
-
-    errors = await asyncio.gather(*(one(a) for a in assignments))
-    return [(a, err) for a, err in zip(assignments, errors, strict=True) if err]
-
-
-async def commit_gang(
+def assume_gang(
     outcome: GangOutcome,
     pods: Mapping[str, Pod],
-    writer: Writer,
     cache: Assumer,
     is_leader: Callable[[], bool],
     *,
     cycle: int = 0,
-) -> GangCommit:
-    """Bind every pod of a placed gang (see module docstring). Never raises for API errors."""
+) -> GangCommit | None:
+    """Assume every member of a placed gang; None when that was done, else a skipped commit.
+
+    Nothing is assumed unless every member is still in the snapshot and we lead, so a gang is
+    never half assumed.
+    """
     result = GangCommit(outcome.gang)
-    queue = outcome.queue or None
-    assignments = list(outcome.pods)
-    if not assignments:
-        return result
-    bad = await _record_grants(writer, assignments, pods)
-    if bad:
-        # Without the grant recorded a restart could double-book devices: bind nothing now
-        # (nothing of this gang is assumed yet), the next cycle tries again.
+    missing = [a for a in outcome.pods if a.pod_key not in pods]
+    if missing:
         result.skipped = True
-        result.failed = bad
-        for a, err in bad:
-            log.warning(
-                "grant_write_failed",
-                pod=a.pod_key,
-                gang=a.gang,
-                queue=queue,
-                error=err,
-                cycle=cycle,
-            )
+        result.failed = [(a, "pod is no longer in the snapshot") for a in missing]
         return result
     if not is_leader():
         result.skipped = True
         log.info("commit_skipped_not_leader", gang=outcome.gang, cycle=cycle)
         return result
-    for a in assignments:
+    for a in outcome.pods:
         cache.assume(a.pod_uid, a.node, a.gpu_grant)
+    return None
+
+
+async def bind_gang(
+    outcome: GangOutcome,
+    pods: Mapping[str, Pod],
+    writer: Writer,
+    cache: Assumer,
+    *,
+    cycle: int = 0,
+) -> GangCommit:
+    """Bind every member assumed by :func:`assume_gang` and settle each outcome in the cache.
+
+    Never raises for API errors.
+    """
+    result = GangCommit(outcome.gang)
+    queue = outcome.queue or None
+    assignments: Sequence[PodAssignment] = list(outcome.pods)
 
     async def bind(a: PodAssignment) -> BindOutcome:
         pod = pods[a.pod_key]
-        return await writer.bind(pod.namespace, pod.name, pod.uid, a.node)
+        return await writer.bind(
+            pod.namespace, pod.name, pod.uid, a.node, dict(a.gpu_grant) or None
+        )
 
     outcomes = await asyncio.gather(*(bind(a) for a in assignments), return_exceptions=True)
     for a, out in zip(assignments, outcomes, strict=True):
+        if isinstance(out, BindOutcome) and out.observed is not None:
+            cache.observe_pod(out.observed)
         if isinstance(out, BindOutcome) and out.bound:
+            cache.bind_finished(a.pod_uid)
             result.bound.append(a)
             log.info(
                 "bound",
@@ -148,7 +154,16 @@ async def commit_gang(
                 gpu_grant=dict(a.gpu_grant) or None,
             )
             continue
-        error = out.error if isinstance(out, BindOutcome) else str(out)
+        error = out.error if isinstance(out, BindOutcome) else repr(out)
+        if isinstance(out, BindOutcome) and out.uncertain:
+            # The pod may be bound: keep counting it where we sent it until a read-back
+            # shows where it is, so its devices cannot be granted to anyone else meanwhile.
+            cache.bind_finished(a.pod_uid, uncertain=True)
+            result.uncertain.append((a, error))
+            log.warning(
+                "bind_uncertain", pod=a.pod_key, gang=a.gang, node=a.node, error=error, cycle=cycle
+            )
+            continue
         cache.forget(a.pod_uid)
         result.failed.append((a, error))
         log.warning(
@@ -169,3 +184,21 @@ async def commit_gang(
             cycle=cycle,
         )
     return result
+
+
+async def commit_gang(
+    outcome: GangOutcome,
+    pods: Mapping[str, Pod],
+    writer: Writer,
+    cache: Assumer,
+    is_leader: Callable[[], bool],
+    *,
+    cycle: int = 0,
+) -> GangCommit:
+    """Assume and bind one placed gang, waiting for every bind (see module docstring)."""
+    if not outcome.pods:
+        return GangCommit(outcome.gang)
+    skipped = assume_gang(outcome, pods, cache, is_leader, cycle=cycle)
+    if skipped is not None:
+        return skipped
+    return await bind_gang(outcome, pods, writer, cache, cycle=cycle)

@@ -1,9 +1,18 @@
-"""Every write the scheduler makes: bind, record the GPU grant, evict, conditions, status, Events.
+"""Every write the scheduler makes: bind (with the GPU grant), evict, conditions, status, Events.
 
 Binding goes through the ``pods/binding`` subresource with the pod's UID as a precondition, so
 a pod deleted and recreated under the same name is never bound by mistake, and the API server
 itself refuses a second binding of the same pod (409), which is what makes "no pod is bound
 twice" hold even across scheduler restarts.
+
+The GPU device grant travels in the Binding's own ``metadata.annotations``: the API server
+copies them onto the pod in the same write that sets ``spec.nodeName``, and refuses the whole
+write if the pod is already bound. So a grant can never be written to a pod without its bind,
+never rewrites the grant of a pod that already runs, and a bound pod always carries the grant
+it was bound with.
+
+Every mutating request first asks ``may_write`` (leadership): a replica that lost its Lease
+sends nothing more, whatever was queued behind the in-flight limit or a retry's back-off.
 
 Events are rate limited twice: the same (object, reason, message) is sent at most once per
 ``event_interval`` seconds, and all Events together at most ``events_per_second`` (a token
@@ -24,12 +33,13 @@ from kubernetes_asyncio.client import ApiClient
 
 from scheduler.cache.grants import GPU_GRANT_ANNOTATION, format_gpu_grant
 from scheduler.k8s.client import MERGE_PATCH, STRATEGIC_MERGE_PATCH, request_json
-from scheduler.k8s.errors import Conflict, KubeError, NotFound, TemporaryError
+from scheduler.k8s.errors import Conflict, KubeError, NotFound, PermanentError, TemporaryError
 from scheduler.k8s.resources import POD, PODGROUP, QUEUE
 
 __all__ = [
     "BindOutcome",
     "EventLimiter",
+    "NotLeader",
     "ObjectRef",
     "Writer",
     "now_rfc3339",
@@ -101,14 +111,34 @@ class EventLimiter:
         return True
 
 
+class NotLeader(PermanentError):
+    """A write was refused locally: this replica does not hold the Lease (any more)."""
+
+
 class BindOutcome:
-    """How one bind ended: ``bound`` (by us, now or by an earlier attempt) or a failure."""
+    """How one bind ended.
 
-    __slots__ = ("bound", "error")
+    ``bound``: the pod is bound to the node with our grant (now, or by an earlier attempt whose
+    answer was lost). Otherwise ``error`` says why, and ``uncertain`` is True when the bind may
+    still have happened (every attempt ended without an answer): the caller must not treat the
+    pod as pending until it has seen it unbound. ``observed`` is the pod as read back after a
+    409, so the caller can learn where it really is without waiting for the watch.
+    """
 
-    def __init__(self, bound: bool, error: str = "") -> None:
+    __slots__ = ("bound", "error", "observed", "uncertain")
+
+    def __init__(
+        self,
+        bound: bool,
+        error: str = "",
+        *,
+        uncertain: bool = False,
+        observed: dict[str, Any] | None = None,
+    ) -> None:
         self.bound = bound
         self.error = error
+        self.uncertain = uncertain
+        self.observed = observed
 
 
 class Writer:
@@ -124,8 +154,10 @@ class Writer:
         bind_attempts: int = 3,
         retry_delay: float = 0.2,
         max_in_flight: int = 8,
+        may_write: Callable[[], bool] = lambda: True,
     ) -> None:
         self.api = api
+        self.may_write = may_write
         self.component = component
         self.instance = instance or component
         self.limiter = limiter or EventLimiter()
@@ -135,27 +167,27 @@ class Writer:
 
     # ------------------------------------------------------------------ pods
 
-    async def record_grant(self, namespace: str, name: str, grant: Mapping[int, int]) -> None:
-        """Write the GPU device grant annotation (before binding, so a restart sees it)."""
-        body = {"metadata": {"annotations": {GPU_GRANT_ANNOTATION: format_gpu_grant(grant)}}}
-        await self._retry(
-            lambda: self._request(
-                "PATCH",
-                POD.object_path(namespace, name),
-                body=body,
-                content_type=MERGE_PATCH,
-            )
-        )
+    async def bind(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        node: str,
+        grant: Mapping[int, int] | None = None,
+    ) -> BindOutcome:
+        """Bind through ``pods/binding`` carrying the GPU ``grant`` (see the module docstring);
+        retries temporary errors ``bind_attempts`` times.
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> BindOutcome:
-        """Bind through ``pods/binding``; retries temporary errors ``bind_attempts`` times.
-
-        A 409 means the pod already has a node: if it is ``node`` an earlier attempt of ours
-        succeeded (its answer was lost), otherwise the bind failed for good.
+        A 409 means the pod already has a node: if it is ``node`` with the same grant, an
+        earlier attempt of ours succeeded (its answer was lost); otherwise the bind failed for
+        good and the outcome carries the pod as it is.
         """
-        meta: dict[str, str] = {"name": name, "namespace": namespace}
+        meta: dict[str, Any] = {"name": name, "namespace": namespace}
         if uid:
             meta["uid"] = uid
+        annotation = format_gpu_grant(grant) if grant else None
+        if annotation is not None:
+            meta["annotations"] = {GPU_GRANT_ANNOTATION: annotation}
         body = {
             "apiVersion": "v1",
             "kind": "Binding",
@@ -169,25 +201,40 @@ class Writer:
                 await self._request("POST", path, body=body)
                 return BindOutcome(True)
             except Conflict as e:
-                return await self._bound_already(namespace, name, node, e)
+                return await self._bound_already(namespace, name, node, annotation, e)
             except TemporaryError as e:
                 error = e.message
-                await asyncio.sleep(self.retry_delay * 2**attempt)
+                if attempt < self.bind_attempts - 1:
+                    await asyncio.sleep(self.retry_delay * 2**attempt)
             except KubeError as e:
                 return BindOutcome(False, e.message)
-        return BindOutcome(False, error)
+        # No answer to any attempt: the last one may have bound the pod all the same.
+        return BindOutcome(False, error, uncertain=True)
 
     async def _bound_already(
-        self, namespace: str, name: str, node: str, conflict: KubeError
+        self, namespace: str, name: str, node: str, annotation: str | None, conflict: KubeError
     ) -> BindOutcome:
         try:
-            pod = await self._request("GET", POD.object_path(namespace, name))
+            pod = await self._request("GET", POD.object_path(namespace, name), write=False)
+        except NotFound:
+            return BindOutcome(False, f"{conflict.message}; the pod is gone")
         except KubeError as e:
-            return BindOutcome(False, f"{conflict.message}; then {e.message}")
+            return BindOutcome(False, f"{conflict.message}; then {e.message}", uncertain=True)
         current = ((pod or {}).get("spec") or {}).get("nodeName")
-        if current == node:
-            return BindOutcome(True)
-        return BindOutcome(False, f"pod is already bound to {current}: {conflict.message}")
+        annotations = ((pod or {}).get("metadata") or {}).get("annotations") or {}
+        if current == node and annotations.get(GPU_GRANT_ANNOTATION) == annotation:
+            return BindOutcome(True, observed=pod)
+        return BindOutcome(
+            False, f"pod is already bound to {current}: {conflict.message}", observed=pod
+        )
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod as the API server has it now, or None when it does not exist."""
+        try:
+            pod = await self._request("GET", POD.object_path(namespace, name), write=False)
+        except NotFound:
+            return None
+        return pod if isinstance(pod, dict) else None
 
     async def evict(self, namespace: str, name: str, uid: str = "") -> bool:
         """Evict through ``pods/eviction`` (honours PodDisruptionBudgets); True when gone."""
@@ -297,13 +344,16 @@ class Writer:
 
     # ------------------------------------------------------------------ plumbing
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+    async def _request(self, method: str, path: str, *, write: bool = True, **kwargs: Any) -> Any:
         """One API request, at most ``max_in_flight`` at a time.
 
         Bounding concurrency keeps the event loop responsive: a gang of hundreds of pods
-        would otherwise make hundreds of requests ready in the same loop iteration.
+        would otherwise make hundreds of requests ready in the same loop iteration. A write
+        checks leadership *after* waiting for its slot, right before it goes out.
         """
         async with self._in_flight:
+            if write and method != "GET" and not self.may_write():
+                raise NotLeader(f"{method} {path}: not the leader; write not sent", status=0)
             return await request_json(self.api, method, path, **kwargs)
 
     async def _retry(self, call: Callable[[], Any]) -> Any:

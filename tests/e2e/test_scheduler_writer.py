@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
+from scheduler.cache.grants import GPU_GRANT_ANNOTATION
 from scheduler.k8s.client import ClientSettings, make_api_client
 from scheduler.k8s.writer import EventLimiter, ObjectRef, Writer
 from tests.e2e.scheduler_process import (
@@ -45,17 +46,24 @@ def _unmanaged(name: str) -> dict[str, Any]:
 async def test_bind_once_then_conflicts_are_understood(
     kai_cluster: KaiCluster, writer: Writer, namespace: str, make_gpu_nodes: Any
 ) -> None:
-    a, b = make_gpu_nodes(2, gpus=1)
+    a, b = make_gpu_nodes(2, gpus=2)
     kai_cluster.create(_unmanaged("p"), namespace=namespace)
     pod = _pod(kai_cluster, namespace, "p")
     uid = pod["metadata"]["uid"]
-    first = await writer.bind(namespace, "p", uid, a)
+    first = await writer.bind(namespace, "p", uid, a, {1: 1000})
     assert first.bound, first.error
-    again = await writer.bind(namespace, "p", uid, a)  # a lost answer, retried: same node
-    assert again.bound
+    again = await writer.bind(namespace, "p", uid, a, {1: 1000})  # a lost answer, retried
+    assert again.bound and again.observed is not None
+    # Same node, other devices: not our earlier bind, so not a success; what the pod holds
+    # comes back so the cache can count the devices it really has.
+    moved = await writer.bind(namespace, "p", uid, a, {0: 1000})
+    assert not moved.bound and moved.observed is not None
+    assert moved.observed["metadata"]["annotations"][GPU_GRANT_ANNOTATION] == '{"1":1000}'
     other = await writer.bind(namespace, "p", uid, b)  # never a second node
-    assert not other.bound and a in other.error
-    assert _pod(kai_cluster, namespace, "p")["spec"]["nodeName"] == a
+    assert not other.bound and a in other.error and not other.uncertain
+    got = _pod(kai_cluster, namespace, "p")
+    assert got["spec"]["nodeName"] == a
+    assert json.loads(got["metadata"]["annotations"][GPU_GRANT_ANNOTATION]) == {"1": 1000}
 
 
 async def test_bind_refuses_a_recreated_pod_with_the_same_name(
@@ -71,16 +79,11 @@ async def test_bind_refuses_a_recreated_pod_with_the_same_name(
     assert not _pod(kai_cluster, namespace, "p")["spec"].get("nodeName")
 
 
-async def test_grant_condition_and_rate_limited_events(
+async def test_condition_and_rate_limited_events(
     kai_cluster: KaiCluster, writer: Writer, namespace: str
 ) -> None:
     kai_cluster.create(_unmanaged("p"), namespace=namespace)
-    await writer.record_grant(namespace, "p", {1: 1000, 0: 500})
     pod = _pod(kai_cluster, namespace, "p")
-    assert json.loads(pod["metadata"]["annotations"]["kai.scheduler/gpu-grant"]) == {
-        "0": 500,
-        "1": 1000,
-    }
     await writer.set_unschedulable(namespace, "p", "queue team-a is at its gpu limit (8/8)")
     conditions = _pod(kai_cluster, namespace, "p")["status"]["conditions"]
     assert [(c["type"], c["status"], c["reason"], c["message"]) for c in conditions] == [
@@ -93,6 +96,30 @@ async def test_grant_condition_and_rate_limited_events(
     events = [e for e in kai_cluster.events(namespace) if e["reason"] == "FailedScheduling"]
     assert sorted(e["message"] for e in events) == ["reason one", "reason two"]
     assert all(e["type"] == "Warning" and e["involvedObject"]["uid"] == ref.uid for e in events)
+
+
+async def test_the_grant_travels_with_the_bind_and_only_the_leader_writes(
+    kai_cluster: KaiCluster, writer: Writer, namespace: str, make_gpu_nodes: Any
+) -> None:
+    (node,) = make_gpu_nodes(1, gpus=2)
+    for name in ("p", "q"):
+        kai_cluster.create(_unmanaged(name), namespace=namespace)
+    follower = Writer(writer.api, instance="test", may_write=lambda: False)
+    uid = _pod(kai_cluster, namespace, "p")["metadata"]["uid"]
+    refused = await follower.bind(namespace, "p", uid, node, {0: 500})
+    assert not refused.bound and "not the leader" in refused.error
+    assert not await follower.event(ObjectRef("Pod", "v1", "p", namespace, uid), "X", "y")
+    untouched = _pod(kai_cluster, namespace, "p")
+    assert not untouched["spec"].get("nodeName")
+    assert GPU_GRANT_ANNOTATION not in (untouched["metadata"].get("annotations") or {})
+    done = await writer.bind(namespace, "p", uid, node, {1: 1000, 0: 500})
+    assert done.bound, done.error
+    bound = _pod(kai_cluster, namespace, "p")
+    assert bound["spec"]["nodeName"] == node
+    assert json.loads(bound["metadata"]["annotations"][GPU_GRANT_ANNOTATION]) == {
+        "0": 500,
+        "1": 1000,
+    }
 
 
 async def test_evict_and_crd_status(

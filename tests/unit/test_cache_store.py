@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 from typing import Any
@@ -344,39 +343,98 @@ def test_assume_counts_the_pod_as_bound_until_forgotten(cache: Cache) -> None:
     assert cache.pending_changed.is_set()
 
 
-def test_assumed_pod_expires_after_ttl(clock: Clock) -> None:
+def with_rv(obj: dict[str, Any], rv: int) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    out["metadata"]["resourceVersion"] = str(rv)
+    return out
+
+
+def test_assumption_never_expires_on_a_timer(clock: Clock) -> None:
+    # A slow watch must not make a bound pod look pending: it would be placed again and its
+    # devices granted twice. Only a read-back that shows it unbound makes it pending.
     cache = Cache(SCHED, "default-queue", clock, assume_ttl=30.0)
-    cache.apply("Pod", "ADDED", pod("p"))
-    cache.assume("uid-ns-p", "n1")
-    clock.now += 29.0
-    assert not by_name(cache.snapshot())["p"].pending
-    clock.now += 2.0
-    assert by_name(cache.snapshot())["p"].pending
-    assert cache.assumed() == {}
-
-
-def test_watch_confirms_assumption_and_keeps_grant_until_annotated(
-    cache: Cache, clock: Clock
-) -> None:
     cache.apply("Node", "ADDED", node("n1", gpus=2))
-    cache.apply("Pod", "ADDED", pod("frac", annotations={"gpu-fraction": "0.5"}))
-    cache.assume("uid-ns-frac", "n1", [(1, 500)])
-    bound = pod("frac", node_name="n1", annotations={"gpu-fraction": "0.5"}, phase="Running")
-    cache.apply("Pod", "MODIFIED", bound)
+    cache.apply("Pod", "ADDED", with_rv(pod("p", gpus=1), 5))
+    cache.assume("uid-ns-p", "n1", {1: 1000})
+    clock.now += 3600
+    assert cache.due_checks() == []  # bind still in flight: nothing to read back
+    cache.bind_finished("uid-ns-p")
+    clock.now += 29.0
+    assert cache.due_checks() == []
+    clock.now += 2.0
+    assert cache.due_checks() == [("uid-ns-p", "ns", "p")]
+    assert cache.due_checks() == []  # named once per wait
+    clock.now += 3600
+    snap = cache.snapshot()
+    assert not by_name(snap)["p"].pending
+    assert snap.node_states()["n1"].gpu_free == (1000, 0)
+    # The read-back shows it bound (newer than the watch): confirmed, with its grant.
+    bound = pod("p", gpus=1, node_name="n1", annotations={GPU_GRANT_ANNOTATION: '{"1":1000}'})
+    cache.observe_pod(with_rv(bound, 9))
     assert cache.assumed() == {}
-    clock.now += 3600  # long past the TTL: confirmed pods do not expire
+    # The slow watch now delivers the pre-bind state: older, ignored.
+    cache.apply("Pod", "MODIFIED", with_rv(pod("p", gpus=1), 7))
+    snap = cache.snapshot()
+    assert by_name(snap)["p"].node_name == "n1"
+    assert snap.node_states()["n1"].gpu_free == (1000, 0)
+
+
+def test_read_back_unbound_makes_the_pod_pending_again(clock: Clock) -> None:
+    cache = Cache(SCHED, "default-queue", clock, assume_ttl=30.0, uncertain_recheck=2.0)
+    cache.apply("Pod", "ADDED", with_rv(pod("p"), 5))
+    cache.assume("uid-ns-p", "n1")
+    cache.bind_finished("uid-ns-p", uncertain=True)
+    clock.now += 1.0
+    assert cache.due_checks() == []
+    clock.now += 1.5
+    assert cache.due_checks() == [("uid-ns-p", "ns", "p")]
+    cache.pending_changed.clear()
+    cache.observe_pod(with_rv(pod("p"), 6))
+    assert cache.assumed() == {}
+    assert by_name(cache.snapshot())["p"].pending
+    assert cache.pending_changed.is_set()
+
+
+def test_read_back_during_a_bind_keeps_the_assumption(clock: Clock) -> None:
+    cache = Cache(SCHED, "default-queue", clock)
+    cache.apply("Pod", "ADDED", with_rv(pod("p"), 5))
+    cache.assume("uid-ns-p", "n1")
+    cache.observe_pod(with_rv(pod("p"), 6))  # e.g. a 409's answer for another attempt
+    assert cache.assumed() == {"uid-ns-p": "n1"}
+
+
+def test_pending_pods_leftover_grant_never_beats_the_assumption(cache: Cache) -> None:
+    cache.apply("Node", "ADDED", node("n1", gpus=2))
+    stale = pod("frac", annotations={"gpu-fraction": "0.5", GPU_GRANT_ANNOTATION: '{"0":500}'})
+    cache.apply("Pod", "ADDED", stale)
+    assert by_name(cache.snapshot())["frac"].gpu_grant == ()
+    cache.assume("uid-ns-frac", "n1", {1: 500})
     snap = cache.snapshot()
     assert by_name(snap)["frac"].gpu_grant == ((1, 500),)
     assert snap.node_states()["n1"].gpu_free == (1000, 500)
-    # The annotation arrives and wins from then on, also after a restart (new cache).
-    annotated = copy.deepcopy(bound)
-    annotated["metadata"]["annotations"][GPU_GRANT_ANNOTATION] = format_gpu_grant({1: 500})
-    cache.apply("Pod", "MODIFIED", annotated)
+
+
+def test_bound_pods_grant_annotation_is_the_truth_after_a_restart(clock: Clock) -> None:
+    annotated = pod(
+        "frac",
+        node_name="n1",
+        phase="Running",
+        annotations={"gpu-fraction": "0.5", GPU_GRANT_ANNOTATION: format_gpu_grant({1: 500})},
+    )
     fresh = Cache(SCHED, "default-queue", clock)
     fresh.apply("Node", "ADDED", node("n1", gpus=2))
     fresh.apply("Pod", "ADDED", annotated)
-    for c in (cache, fresh):
-        assert c.snapshot().node_states()["n1"].gpu_free == (1000, 500)
+    assert fresh.snapshot().node_states()["n1"].gpu_free == (1000, 500)
+
+
+def test_missing_podgroup_crd_is_named_in_the_reason(cache: Cache) -> None:
+    cache.apply("Pod", "ADDED", pod("w0", group="train"))
+    cache.set_absent("PodGroup", True)
+    (problem,) = cache.problems()
+    assert "PodGroup CRD" in problem.message and "not installed" in problem.message
+    cache.set_absent("PodGroup", False)
+    (problem,) = cache.problems()
+    assert "does not exist" in problem.message
 
 
 def test_bad_grant_annotation_is_a_problem_but_pod_still_counts(cache: Cache) -> None:
@@ -483,12 +541,3 @@ def test_node_from_k8s_reads_taints_and_gpu_memory() -> None:
     assert n.unschedulable and not n.schedulable
     assert n.gpu_memory_mib == 81920 and n.gpu_count == 4
     assert n.taints[0].key == "gpu" and n.taints[0].effect == "NoSchedule"
-
-
-async def test_expiry_wakes_the_cycle_without_other_events() -> None:
-    cache = Cache(SCHED, "default-queue", assume_ttl=0.05)
-    cache.apply("Pod", "ADDED", pod("p"))
-    cache.assume("uid-ns-p", "n1")
-    cache.pending_changed.clear()
-    await asyncio.wait_for(cache.pending_changed.wait(), 2)
-    assert cache.assumed() == {}

@@ -21,7 +21,7 @@ Doc = dict[str, Any]
 
 # What the scheduler needs, as (apiGroup, resource, verb); nothing more may be granted.
 REQUIRED_CLUSTER_PERMISSIONS: set[tuple[str, str, str]] = {
-    *{("", "pods", v) for v in ("get", "list", "watch", "patch", "delete")},
+    *{("", "pods", v) for v in ("get", "list", "watch", "delete")},
     ("", "pods/binding", "create"),
     ("", "pods/eviction", "create"),
     ("", "pods/status", "patch"),
