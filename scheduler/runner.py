@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import time
 from collections.abc import Callable
@@ -242,6 +243,11 @@ class Scheduler:
 
     async def _cycle_loop(self, watcher: Watcher, backend: LiveBackend) -> None:
         await watcher.synced.wait()
+        # Everything listed so far (tens of thousands of parsed pods and nodes) lives as long
+        # as the process: move it out of the collector's generations, so full collections do
+        # not walk it again and again (measured as 1 s pauses at 50,000 pods).
+        gc.collect()
+        gc.freeze()
         self.state.ready = True
         self.state.tick()
         log.info("cache_synced", counts=self.cache.counts())

@@ -16,13 +16,23 @@ Rules (the contract every stage shares):
 An implicit gang is keyed ``namespace/<pod name>``; when a PodGroup of that name exists in the
 namespace, the implicit gang is ``<pod name>~pod`` instead, so the pod never joins a PodGroup
 it did not name.
+
+:class:`Resolver` keeps the result between calls and redoes only what changed: it compares
+each pod record, overlay entry and PodGroup with what it saw last time (the store replaces a
+record or PodGroup object whenever it changes, so an identity check is enough), recomputes
+those pods, the gangs they belong to and the implicit pods a PodGroup's name may shadow, and
+reassembles the sorted output from kept pieces. A cycle after a handful of changes then costs
+one pass of identity checks over the pods, not a full resolution of tens of thousands of
+them. A change of PriorityClasses or of the PodGroup API's presence redoes everything.
+:func:`resolve` is the same computation from scratch.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +43,7 @@ from scheduler.cluster.pod import Pod
 from scheduler.cluster.queuespec import SpecError, gang_from_k8s
 from scheduler.k8s.resources import POD, PODGROUP
 
-__all__ = ["PodRecord", "Resolution", "resolve"]
+__all__ = ["PodRecord", "Resolution", "Resolver", "resolve"]
 
 #: A preemptible gang is one below this priority (KAI's "build" priority).
 BUILD_PRIORITY = 100
@@ -108,34 +118,347 @@ def _stand_in(pod: Pod, name: str) -> Gang:
     )
 
 
-def _gangs_from_podgroups(
-    podgroups: Mapping[str, Mapping[str, Any]],
-    members: Mapping[str, list[Pod]],
-    default_queue: str,
-    priorities: Mapping[str, int],
-    problems: list[Problem],
-) -> dict[str, Gang]:
-    gangs: dict[str, Gang] = {}
-    for key, raw in podgroups.items():
+@dataclass
+class _PodState:
+    """What the resolver keeps per pod uid."""
+
+    rec: PodRecord
+    extra: Any
+    prio: int | None
+    #: The pod after priority/overlay (None: left out of scheduling).
+    ready: Pod | None = None
+    #: ``namespace/group`` when the pod is a managed gang member, else "".
+    group: str = ""
+    #: Snapshot key under which the final pod is published ("" when not published).
+    published: str = ""
+    #: Implicit gang key this pod contributes a stand-in to ("" when none).
+    implicit: str = ""
+
+
+def _ready_pod(rec: PodRecord, extra: Any, prio: int | None) -> Pod | None:
+    """A record's pod with class priority and assumption applied; None when left out."""
+    pod = rec.pod
+    if pod is None or (not pod.managed and not (pod.bound and pod.active)):
+        # Unreadable and unbound, or another scheduler's pending or finished pod:
+        # it holds nothing and is not ours to place.
+        return None
+    if not pod.active and not rec.group:
+        # A finished pod of ours outside a PodGroup matters to nobody; a finished gang
+        # member stays, inactive, so its gang's progress and status count it.
+        return None
+    changes: dict[str, Any] = {}
+    if prio is not None:
+        changes["priority"] = prio
+    if extra is not None and (pod.node_name is None or pod.node_name == extra[0]):
+        if pod.node_name is None:
+            changes["node_name"] = extra[0]
+        if not pod.gpu_grant:
+            changes["gpu_grant"] = extra[1]
+    if not pod.managed:
+        changes["gang"] = ""
+    return dataclasses.replace(pod, **changes) if changes else pod
+
+
+class Resolver:
+    """Incremental resolution (see the module docstring). Not thread-safe."""
+
+    def __init__(self, default_queue: str) -> None:
+        self.default_queue = default_queue
+        self._pods: dict[str, _PodState] = {}
+        self._podgroups: dict[str, Mapping[str, Any]] = {}
+        self._priorities: dict[str, int] = {}
+        self._podgroup_api = True
+        self._uid_by_key: dict[str, str] = {}
+        self._members: dict[str, set[str]] = defaultdict(set)
+        # Published pods by snapshot key, and their keys in sorted order.
+        self._final: dict[str, Pod] = {}
+        self._final_keys: list[str] = []
+        # Gang contributors by gang key, in precedence order: PodGroup, implicit pod, orphan.
+        self._pg_gang: dict[str, Gang] = {}
+        self._implicit: dict[str, Gang] = {}
+        self._orphan: dict[str, Gang] = {}
+        self._gangs: dict[str, Gang] = {}
+        self._gang_keys: list[str] = []
+        # Problems: of records, of PodGroups, of pending members of unusable PodGroups.
+        self._rec_problem: dict[str, Problem] = {}
+        self._group_problem: dict[str, Problem] = {}
+        self._member_problem: dict[str, Problem] = {}
+        self._gang_memo: dict[str, tuple[Mapping[str, Any], Gang | SpecError]] = {}
+        self._result: Resolution | None = None
+
+    def resolve(
+        self,
+        records: Mapping[str, PodRecord],
+        podgroups: Mapping[str, Mapping[str, Any]],
+        *,
+        priorities: Mapping[str, int],
+        overlay: Mapping[str, tuple[str, GpuGrant]] | None = None,
+        podgroup_api: bool = True,
+    ) -> Resolution:
+        """The resolution of ``records`` (by uid) and ``podgroups`` (by ``namespace/name``);
+        arguments as for :func:`resolve`."""
+        overlay = overlay or {}
+        everything = dict(priorities) != self._priorities or podgroup_api != self._podgroup_api
+        if everything:
+            self._priorities = dict(priorities)
+            self._podgroup_api = podgroup_api
+            self._gang_memo.clear()
+        dirty_groups: set[str] = set()
+        dirty_gangs: set[str] = set()
+        dirty_pods: list[str] = []
+        # PodGroups that appeared, changed or went away.
+        for key, raw in podgroups.items():
+            if everything or self._podgroups.get(key) is not raw:
+                dirty_groups.add(key)
+        for key in self._podgroups.keys() - podgroups.keys():
+            dirty_groups.add(key)
+        if dirty_groups:
+            self._podgroups = dict(podgroups)
+            # A PodGroup's existence decides the implicit gang name of a pod of that name.
+            for key in dirty_groups:
+                uid = self._uid_by_key.get(key)
+                if uid is not None:
+                    dirty_pods.append(uid)
+        # Pods that appeared, changed or went away.
+        pods = self._pods
+        for uid, rec in records.items():
+            state = pods.get(uid)
+            extra = overlay.get(uid)
+            prio = None if rec.has_priority else priorities.get(rec.priority_class)
+            if (
+                everything
+                or state is None
+                or state.rec is not rec
+                or state.extra != extra
+                or state.prio != prio
+            ):
+                if state is None:
+                    pods[uid] = _PodState(rec, extra, prio)
+                else:
+                    state.rec, state.extra, state.prio = rec, extra, prio
+                dirty_pods.append(uid)
+        removed = [u for u in pods if u not in records]
+        for uid in removed:
+            self._remove_pod(uid, dirty_groups, dirty_gangs)
+        if not (dirty_pods or dirty_groups or removed) and self._result is not None:
+            return self._result
+        for uid in dict.fromkeys(dirty_pods):
+            if uid in pods:
+                self._update_pod(uid, dirty_groups, dirty_gangs)
+        for key in dirty_groups:
+            self._update_group(key, dirty_gangs)
+        for key in dirty_gangs:
+            self._update_gang(key)
+        self._result = Resolution(
+            pods=tuple(map(self._final.__getitem__, self._final_keys)),
+            gangs=tuple(map(self._gangs.__getitem__, self._gang_keys)),
+            problems=self._problems(),
+        )
+        return self._result
+
+    # --- pods --------------------------------------------------------------------------
+
+    def _publish(self, state: _PodState, pod: Pod | None) -> None:
+        """Put ``pod`` in the output under its key (or take the pod's entry out)."""
+        key = pod.key if pod is not None else ""
+        if state.published and state.published != key:
+            self._final.pop(state.published, None)
+            i = bisect.bisect_left(self._final_keys, state.published)
+            if i < len(self._final_keys) and self._final_keys[i] == state.published:
+                del self._final_keys[i]
+        if pod is not None:
+            if key not in self._final:
+                bisect.insort(self._final_keys, key)
+            self._final[key] = pod
+        state.published = key
+
+    def _remove_pod(self, uid: str, dirty_groups: set[str], dirty_gangs: set[str]) -> None:
+        state = self._pods.pop(uid)
+        self._publish(state, None)
+        self._rec_problem.pop(uid, None)
+        self._member_problem.pop(uid, None)
+        if state.group:
+            self._members[state.group].discard(uid)
+            dirty_groups.add(state.group)
+        if state.implicit:
+            self._implicit.pop(state.implicit, None)
+            dirty_gangs.add(state.implicit)
+        key = f"{state.rec.namespace}/{state.rec.name}"
+        if self._uid_by_key.get(key) == uid:
+            del self._uid_by_key[key]
+
+    def _update_pod(self, uid: str, dirty_groups: set[str], dirty_gangs: set[str]) -> None:
+        state = self._pods[uid]
+        rec = state.rec
+        self._uid_by_key[f"{rec.namespace}/{rec.name}"] = uid
+        if rec.problem is not None:
+            self._rec_problem[uid] = rec.problem
+        else:
+            self._rec_problem.pop(uid, None)
+        pod = _ready_pod(rec, state.extra, state.prio)
+        state.ready = pod
+        group = (
+            f"{rec.namespace}/{rec.group}" if pod is not None and pod.managed and rec.group else ""
+        )
+        if state.group != group:
+            if state.group:
+                self._members[state.group].discard(uid)
+                dirty_groups.add(state.group)
+                self._member_problem.pop(uid, None)
+            state.group = group
+        if group:
+            self._members[group].add(uid)
+            dirty_groups.add(group)
+        implicit = ""
+        if pod is not None and pod.managed and not rec.group:
+            name = rec.name
+            if pod.gang in self._podgroups:
+                # A PodGroup shares this pod's name; the pod did not ask to join it. "~"
+                # cannot appear in a Kubernetes name, so the implicit gang's key stays unique.
+                name = f"{rec.name}~pod"
+                pod = dataclasses.replace(pod, gang=f"{rec.namespace}/{name}")
+            implicit = pod.gang
+            self._implicit[implicit] = _stand_in(pod, name)
+            dirty_gangs.add(implicit)
+        if state.implicit and state.implicit != implicit:
+            self._implicit.pop(state.implicit, None)
+            dirty_gangs.add(state.implicit)
+        state.implicit = implicit
+        if not group:
+            self._publish(state, pod)
+
+    # --- gangs -------------------------------------------------------------------------
+
+    def _parse_group(self, key: str, raw: Mapping[str, Any]) -> Gang | SpecError:
+        hit = self._gang_memo.get(key)
+        if hit is not None and hit[0] is raw:
+            return hit[1]
+        parsed: Gang | SpecError
         try:
-            gang = gang_from_k8s(raw, default_queue=default_queue, priorities=priorities)
+            parsed = gang_from_k8s(
+                raw, default_queue=self.default_queue, priorities=self._priorities
+            )
         except SpecError as e:
-            problems.append(_podgroup_problem(raw, e))
-            continue
-        spec = raw.get("spec") or {}
-        pods = members.get(key, [])
-        changes: dict[str, Any] = {}
-        if not spec.get("queue"):
-            labelled = [p.queue for p in pods if p.queue != default_queue]
-            if labelled:
-                changes["queue"] = labelled[0]
-        if not spec.get("priorityClassName") and pods:
-            priority = max(p.priority for p in pods)
-            changes["priority"] = priority
-            if not spec.get("preemptibility"):
-                changes["preemptible"] = priority < BUILD_PRIORITY
-        gangs[key] = dataclasses.replace(gang, **changes) if changes else gang
-    return gangs
+            parsed = e
+        self._gang_memo[key] = (raw, parsed)
+        return parsed
+
+    def _update_group(self, key: str, dirty_gangs: set[str]) -> None:
+        raw = self._podgroups.get(key)
+        uids = self._members.get(key) or set()
+        states = sorted(
+            (self._pods[u] for u in uids if self._pods[u].ready is not None),
+            key=lambda st: (st.ready.creation_time, st.ready.key),  # type: ignore[union-attr]
+        )
+        members = [st.ready for st in states if st.ready is not None]
+        gang: Gang | None = None
+        self._group_problem.pop(key, None)
+        if raw is not None:
+            parsed = self._parse_group(key, raw)
+            if isinstance(parsed, SpecError):
+                self._group_problem[key] = _podgroup_problem(raw, parsed)
+            else:
+                gang = _with_members(parsed, raw, members, self.default_queue)
+        if gang is not None:
+            self._pg_gang[key] = gang
+        else:
+            self._pg_gang.pop(key, None)
+        dirty_gangs.add(key)
+        if not uids:
+            self._members.pop(key, None)
+            self._orphan.pop(key, None)
+            return
+        orphan: Gang | None = None
+        group_name = key.split("/", 1)[1]
+        for st in states:
+            pod = st.ready
+            assert pod is not None
+            if gang is not None:
+                self._member_problem.pop(pod.uid, None)
+                changes: dict[str, Any] = {}
+                if pod.queue != gang.queue:
+                    changes["queue"] = gang.queue
+                if (raw or {}).get("spec", {}).get("priorityClassName") and (
+                    pod.priority != gang.priority
+                ):
+                    changes["priority"] = gang.priority
+                self._publish(st, dataclasses.replace(pod, **changes) if changes else pod)
+                continue
+            if pod.bound:
+                # Still holds its node (e.g. its PodGroup was deleted while it runs).
+                self._member_problem.pop(pod.uid, None)
+                if orphan is None:
+                    orphan = _stand_in(pod, group_name)
+                self._publish(st, pod)
+            else:
+                self._member_problem[pod.uid] = self._missing_group(st.rec, key, raw)
+                self._publish(st, None)
+        if orphan is not None:
+            self._orphan[key] = orphan
+        else:
+            self._orphan.pop(key, None)
+
+    def _missing_group(self, rec: PodRecord, key: str, raw: Mapping[str, Any] | None) -> Problem:
+        if raw is not None:
+            message = (
+                f"PodGroup {key} is invalid (see its events); fix the PodGroup so this "
+                "pod can be scheduled"
+            )
+            reason = "PodGroupInvalid"
+        elif not self._podgroup_api:
+            message = (
+                f"this pod names PodGroup {rec.group!r}, but the PodGroup CRD "
+                f"({PODGROUP.plural}.{PODGROUP.group}) is not installed; install it "
+                "(kubectl apply -f crds/) or remove the annotation"
+            )
+            reason = "PodGroupNotFound"
+        else:
+            message = (
+                f"PodGroup {rec.group!r} does not exist in namespace {rec.namespace}; "
+                "create it or correct the annotation"
+            )
+            reason = "PodGroupNotFound"
+        return _pod_problem(rec, f"metadata.annotations[{rec.group_annotation}]", message, reason)
+
+    def _update_gang(self, key: str) -> None:
+        gang = self._pg_gang.get(key) or self._implicit.get(key) or self._orphan.get(key)
+        present = key in self._gangs
+        if gang is None:
+            if present:
+                del self._gangs[key]
+                i = bisect.bisect_left(self._gang_keys, key)
+                del self._gang_keys[i]
+            return
+        if not present:
+            bisect.insort(self._gang_keys, key)
+        self._gangs[key] = gang
+
+    def _problems(self) -> tuple[Problem, ...]:
+        out = list(self._rec_problem.values())
+        out += self._group_problem.values()
+        out += self._member_problem.values()
+        out.sort(key=lambda p: (p.kind, p.namespace, p.name, p.field))
+        return tuple(out)
+
+
+def _with_members(
+    gang: Gang, raw: Mapping[str, Any], members: Sequence[Pod], default_queue: str
+) -> Gang:
+    """A PodGroup's gang completed from its members (oldest first): the queue of the first
+    labelled member when the PodGroup names none, the highest member priority when it names
+    no PriorityClass."""
+    spec = raw.get("spec") or {}
+    changes: dict[str, Any] = {}
+    if not spec.get("queue"):
+        labelled = [p.queue for p in members if p.queue != default_queue]
+        if labelled:
+            changes["queue"] = labelled[0]
+    if not spec.get("priorityClassName") and members:
+        priority = max(p.priority for p in members)
+        changes["priority"] = priority
+        if not spec.get("preemptibility"):
+            changes["preemptible"] = priority < BUILD_PRIORITY
+    return dataclasses.replace(gang, **changes) if changes else gang
 
 
 def resolve(
@@ -147,109 +470,17 @@ def resolve(
     overlay: Mapping[str, tuple[str, GpuGrant]] | None = None,
     podgroup_api: bool = True,
 ) -> Resolution:
-    """Pods, gangs and problems from the store's contents.
+    """Pods, gangs and problems from the store's contents, from scratch.
 
     ``podgroups`` maps ``namespace/name`` to the raw PodGroup; ``overlay`` maps pod uid to the
-    (node, device grant) of pods assumed bound but not yet seen bound, and of bound pods whose
-    grant annotation has not arrived yet. ``podgroup_api`` False means the PodGroup CRD is not
-    installed, which the reason of a pod naming a PodGroup then says.
+    (node, device grant) of pods assumed bound but not yet seen bound. ``podgroup_api`` False
+    means the PodGroup CRD is not installed, which the reason of a pod naming a PodGroup then
+    says.
     """
-    overlay = overlay or {}
-    problems: list[Problem] = []
-    ready: list[tuple[PodRecord, Pod]] = []
-    for rec in records:
-        if rec.problem is not None:
-            problems.append(rec.problem)
-        pod = rec.pod
-        if pod is None or (not pod.managed and not (pod.bound and pod.active)):
-            # Unreadable and unbound, or another scheduler's pending or finished pod:
-            # it holds nothing and is not ours to place.
-            continue
-        if not pod.active and not rec.group:
-            # A finished pod of ours outside a PodGroup matters to nobody; a finished gang
-            # member stays, inactive, so its gang's progress and status count it.
-            continue
-        changes: dict[str, Any] = {}
-        if not rec.has_priority and rec.priority_class in priorities:
-            changes["priority"] = priorities[rec.priority_class]
-        extra = overlay.get(rec.uid)
-        if extra is not None and (pod.node_name is None or pod.node_name == extra[0]):
-            if pod.node_name is None:
-                changes["node_name"] = extra[0]
-            if not pod.gpu_grant:
-                changes["gpu_grant"] = extra[1]
-        if not pod.managed:
-            changes["gang"] = ""
-        ready.append((rec, dataclasses.replace(pod, **changes) if changes else pod))
-
-    members: dict[str, list[Pod]] = defaultdict(list)
-    for rec, pod in sorted(ready, key=lambda rp: (rp[1].creation_time, rp[1].key)):
-        if rec.group and pod.managed:
-            members[f"{rec.namespace}/{rec.group}"].append(pod)
-    gangs = _gangs_from_podgroups(podgroups, members, default_queue, priorities, problems)
-
-    pods: list[Pod] = []
-    extra_gangs: dict[str, Gang] = {}
-    for rec, pod in ready:
-        if not pod.managed:
-            pods.append(pod)
-            continue
-        if not rec.group:
-            name = rec.name
-            if pod.gang in podgroups:
-                # A PodGroup shares this pod's name; the pod did not ask to join it. "~" cannot
-                # appear in a Kubernetes name, so the implicit gang's key stays unique.
-                name = f"{rec.name}~pod"
-                pod = dataclasses.replace(pod, gang=f"{rec.namespace}/{name}")
-            extra_gangs.setdefault(pod.gang, _stand_in(pod, name))
-            pods.append(pod)
-            continue
-        key = f"{rec.namespace}/{rec.group}"
-        gang = gangs.get(key)
-        if gang is None:
-            if key in podgroups:
-                message = (
-                    f"PodGroup {key} is invalid (see its events); fix the PodGroup so this "
-                    "pod can be scheduled"
-                )
-                reason = "PodGroupInvalid"
-            elif not podgroup_api:
-                message = (
-                    f"this pod names PodGroup {rec.group!r}, but the PodGroup CRD "
-                    f"({PODGROUP.plural}.{PODGROUP.group}) is not installed; install it "
-                    "(kubectl apply -f crds/) or remove the annotation"
-                )
-                reason = "PodGroupNotFound"
-            else:
-                message = (
-                    f"PodGroup {rec.group!r} does not exist in namespace {rec.namespace}; "
-                    "create it or correct the annotation"
-                )
-                reason = "PodGroupNotFound"
-            if pod.bound:
-                # Still holds its node (e.g. its PodGroup was deleted while it runs).
-                extra_gangs.setdefault(key, _stand_in(pod, rec.group))
-                pods.append(pod)
-            else:
-                problems.append(
-                    _pod_problem(rec, f"metadata.annotations[{rec.group_annotation}]", message,
-                                 reason)
-                )  # fmt: skip
-            continue
-        changes = {}
-        if pod.queue != gang.queue:
-            changes["queue"] = gang.queue
-        if (podgroups[key].get("spec") or {}).get("priorityClassName") and (
-            pod.priority != gang.priority
-        ):
-            changes["priority"] = gang.priority
-        pods.append(dataclasses.replace(pod, **changes) if changes else pod)
-
-    for key, gang in extra_gangs.items():
-        gangs.setdefault(key, gang)
-    pods.sort(key=lambda p: (p.namespace, p.name))
-    return Resolution(
-        pods=tuple(pods),
-        gangs=tuple(sorted(gangs.values(), key=lambda g: g.key)),
-        problems=tuple(problems),
+    return Resolver(default_queue).resolve(
+        {r.uid: r for r in records},
+        podgroups,
+        priorities=priorities,
+        overlay=overlay,
+        podgroup_api=podgroup_api,
     )

@@ -47,7 +47,7 @@ from scheduler.cache.grants import (
 )
 from scheduler.cache.nodespec import node_from_k8s
 from scheduler.cache.problems import Problem
-from scheduler.cache.resolve import PodRecord, Resolution, resolve
+from scheduler.cache.resolve import PodRecord, Resolution, Resolver
 from scheduler.cluster.node import Node
 from scheduler.cluster.podspec import (
     GANG_ANNOTATIONS,
@@ -108,6 +108,18 @@ def _strip(obj: Mapping[str, Any], kind: str) -> dict[str, Any]:
     return out
 
 
+def _slim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What the store keeps of a pod's API object once it is parsed: identity, metadata and
+    phase. The spec and the rest of the status (most of a pod's ~10-20 KB) live on only as
+    the parsed :class:`PodRecord`, which is what a 50,000-pod cluster has to fit in memory."""
+    return {
+        "kind": obj.get("kind", "Pod"),
+        "apiVersion": obj.get("apiVersion", "v1"),
+        "metadata": obj.get("metadata") or {},
+        "status": {"phase": (obj.get("status") or {}).get("phase")},
+    }
+
+
 class Cache:
     """Watch events in, :class:`Snapshot` out (see the module docstring).
 
@@ -144,6 +156,7 @@ class Cache:
         self._absent: set[str] = set()
         self._generation = 0
         self._resolved: tuple[int, Resolution] | None = None
+        self._resolver = Resolver(default_queue)
         self.pending_changed = asyncio.Event()
         """Set whenever something changed that may let a pending pod be placed (new pending
         pod, freed capacity, node/queue/PodGroup change, a forgotten or expired assumption).
@@ -299,7 +312,7 @@ class Cache:
                     log.warning(
                         "pod_bound_elsewhere", pod=key, node=pod.node_name, assumed=assumption.node
                     )
-        self._raw["Pod"][key] = obj
+        self._raw["Pod"][key] = _slim_pod(obj)
         if self._pods.get(uid) != record:
             self._pods[uid] = record
             self._changed()
@@ -315,27 +328,29 @@ class Cache:
         managed = spec.get("schedulerName") == self.scheduler_name
         problem: Problem | None = None
         pod = None
+        grant: GpuGrant = ()
+        # Only a bound pod's grant is a fact; see the module docstring.
+        raw_grant = annotations.get(GPU_GRANT_ANNOTATION) if node_name else None
+        if raw_grant is not None:
+            try:
+                grant = parse_gpu_grant(str(raw_grant))
+            except GrantError as e:
+                problem = self._pod_problem(
+                    uid, namespace, name, f"metadata.annotations[{GPU_GRANT_ANNOTATION}]", str(e)
+                )
         try:
-            # Parse as if unbound so a bad spec is reported for bound pods too.
-            probe = {**obj, "spec": {**spec, "nodeName": None}} if node_name else obj
+            # strict: a bad spec is reported for bound pods too.
             pod = pod_from_k8s(
-                probe, scheduler_name=self.scheduler_name, default_queue=self.default_queue
+                obj,
+                scheduler_name=self.scheduler_name,
+                default_queue=self.default_queue,
+                strict=True,
+                gpu_grant=grant,
             )
-            if node_name:
-                pod = dataclasses.replace(pod, node_name=node_name)
         except PodSpecError as e:
             problem = self._pod_problem(uid, namespace, name, e.field, e.message)
             if node_name:
-                pod = self._bound_fallback(obj)
-        # Only a bound pod's grant is a fact; see the module docstring.
-        raw_grant = annotations.get(GPU_GRANT_ANNOTATION) if node_name else None
-        if pod is not None and raw_grant is not None:
-            try:
-                pod = dataclasses.replace(pod, gpu_grant=parse_gpu_grant(str(raw_grant)))
-            except GrantError as e:
-                problem = problem or self._pod_problem(
-                    uid, namespace, name, f"metadata.annotations[{GPU_GRANT_ANNOTATION}]", str(e)
-                )
+                pod = self._bound_fallback(obj, grant)
         return PodRecord(
             uid=uid,
             namespace=namespace,
@@ -351,10 +366,13 @@ class Cache:
     def _pod_problem(self, uid: str, namespace: str, name: str, field: str, msg: str) -> Problem:
         return Problem("Pod", namespace, name, field, msg, uid, KINDS["Pod"].api_version)
 
-    def _bound_fallback(self, obj: Mapping[str, Any]) -> Any:
+    def _bound_fallback(self, obj: Mapping[str, Any], grant: GpuGrant) -> Any:
         """A bound pod with an unreadable spec: keep the requests we can still compute."""
         pod = pod_from_k8s(
-            obj, scheduler_name=self.scheduler_name, default_queue=self.default_queue
+            obj,
+            scheduler_name=self.scheduler_name,
+            default_queue=self.default_queue,
+            gpu_grant=grant,
         )
         try:
             return dataclasses.replace(pod, requests=effective_requests(obj.get("spec") or {}))
@@ -436,10 +454,9 @@ class Cache:
         if self._resolved is not None and self._resolved[0] == self._generation:
             return self._resolved[1]
         overlay = {uid: (a.node, a.grant) for uid, a in self._assumed.items()}
-        resolution = resolve(
-            self._pods.values(),
+        resolution = self._resolver.resolve(
+            self._pods,
             self._raw["PodGroup"],
-            default_queue=self.default_queue,
             priorities=self._priorities,
             overlay=overlay,
             podgroup_api="PodGroup" not in self._absent,

@@ -200,8 +200,19 @@ def parse_timestamp(value: str | None) -> float:
     return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
-def pod_from_k8s(obj: Mapping[str, Any], *, scheduler_name: str, default_queue: str) -> Pod:
+def pod_from_k8s(
+    obj: Mapping[str, Any],
+    *,
+    scheduler_name: str,
+    default_queue: str,
+    strict: bool = False,
+    gpu_grant: tuple[tuple[int, int], ...] = (),
+) -> Pod:
     """Convert an API Pod object; raises :class:`PodSpecError` for input we cannot act on.
+
+    A bound pod with an unreadable spec is still returned (with no requests) unless
+    ``strict``, as it occupies its node whatever we can read; ``gpu_grant`` is the device
+    grant the caller read from the pod's annotation.
 
     ``gang`` is ``namespace/podgroup`` when the pod names a PodGroup, else ``namespace/pod``
     (an implicit gang of one). ``queue`` is the label ``kai.scheduler/queue`` or the default;
@@ -221,7 +232,7 @@ def pod_from_k8s(obj: Mapping[str, Any], *, scheduler_name: str, default_queue: 
         tolerations = _tolerations(spec)
         affinity = _affinity(spec)
     except PodSpecError:
-        if not node_name:
+        if strict or not node_name:
             raise
         # A bound pod still occupies its node even if we cannot read its spec.
         requests, gpu, tolerations, affinity = Resources(), None, (), ()
@@ -245,6 +256,7 @@ def pod_from_k8s(obj: Mapping[str, Any], *, scheduler_name: str, default_queue: 
         queue=labels.get(QUEUE_LABEL) or default_queue,
         phase=phase,
         node_name=node_name,
+        gpu_grant=gpu_grant,
         creation_time=parse_timestamp(meta.get("creationTimestamp")),
         managed=managed,
         deleting=bool(meta.get("deletionTimestamp")),

@@ -9,6 +9,7 @@ rounding Kubernetes applies when it stores milli-values).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from fractions import Fraction
@@ -76,13 +77,30 @@ def parse_quantity(value: str | int | float | Fraction) -> Fraction:
     return number * Fraction(10) ** int(suffix[1:])
 
 
+# A cluster uses a few dozen distinct quantity strings ("4", "32Gi", "100m") across all of
+# its pods; exact Fraction parsing was the largest cost of a watch event, so strings are
+# converted once. Only strings are cached (an int or Fraction is already cheap).
+@functools.lru_cache(maxsize=8192)
+def _milli_of(text: str) -> int:
+    return math.ceil(parse_quantity(text) * 1000)
+
+
+@functools.lru_cache(maxsize=8192)
+def _units_of(text: str) -> int:
+    return math.ceil(parse_quantity(text))
+
+
 def to_milli(value: str | int | float | Fraction) -> int:
     """Quantity in thousandths, rounded up (``"500m"`` -> 500, ``"1.5"`` -> 1500)."""
+    if isinstance(value, str):
+        return _milli_of(value)
     return math.ceil(parse_quantity(value) * 1000)
 
 
 def to_int_units(value: str | int | float | Fraction) -> int:
     """Quantity in whole units, rounded up (``"16Gi"`` -> 17179869184)."""
+    if isinstance(value, str):
+        return _units_of(value)
     return math.ceil(parse_quantity(value))
 
 

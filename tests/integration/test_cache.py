@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from scheduler.cache import GPU_GRANT_ANNOTATION, Cache, format_gpu_grant
-from scheduler.k8s.client import MERGE_PATCH, ClientSettings, make_api_client, request_json
+from scheduler.cache import Cache
+from scheduler.k8s.client import ClientSettings, make_api_client, request_json
 from scheduler.k8s.errors import Conflict
 from scheduler.k8s.resources import POD
 from scheduler.k8s.watch import Watcher, WatchSettings
+from scheduler.k8s.writer import Writer
 from testenv.controlplane import ControlPlane
 from tests.integration.support import SCHED, eventually, install_crds, kubectl
 
@@ -125,17 +126,12 @@ async def test_assume_bind_confirm_and_grant_survives_restart(
         assert snap.node_states()[node].gpu_free == (1000, 500)
         assert not {p.name: p for p in snap.pods}["half"].pending
 
-        await request_json(api, "POST", POD.object_path(namespace, "half", "binding"),
-                           body=binding("half", node))  # fmt: skip
+        # The grant travels in the Binding, as the scheduler's writer sends it.
+        outcome = await Writer(api).bind(namespace, "half", uid, node, {1: 500})
+        assert outcome.bound, outcome.error
         await eventually("the watch confirming the bind", lambda: cache.assumed() == {})
         bound = {p.name: p for p in cache.snapshot().pods}["half"]
         assert bound.node_name == node and bound.gpu_grant == ((1, 500),)
-        # Record the grant on the pod, as the binder does; a restarted cache reads it back.
-        await request_json(
-            api, "PATCH", POD.object_path(namespace, "half"),
-            body={"metadata": {"annotations": {GPU_GRANT_ANNOTATION: format_gpu_grant({1: 500})}}},
-            content_type=MERGE_PATCH,
-        )  # fmt: skip
     async with live_cache(cp) as (fresh, _):
         states = fresh.snapshot().node_states()
         assert states[node].gpu_free == (1000, 500)
