@@ -99,9 +99,7 @@ def _from_scratch(cache: Cache) -> Any:
 def test_incremental_resolution_equals_a_fresh_one(sequence: list[Any]) -> None:
     cache = Cache(SCHED, "default-queue")
     uids: dict[str, str] = {}
-    rv = 0
-    for op, name, value in sequence:
-        rv += 1
+    for rv, (op, name, value) in enumerate(sequence, start=1):
         if op == "pod":
             obj = _pod(name, value, rv)
             uids[name] = obj["metadata"]["uid"]
