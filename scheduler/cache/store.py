@@ -468,11 +468,17 @@ class Cache:
         """An immutable view for one cycle, assumed pods counted as bound."""
         now = self._clock() if now is None else now
         resolution = self._resolve()
+        queues = tuple(self._queues[k] for k in sorted(self._queues))
+        if "Queue" in self._absent:
+            # Without the Queue API there are no quotas to enforce; every queue a gang names
+            # is an implicit leaf with no quota or limit, so pods and gangs still run.
+            names = sorted({g.queue for g in resolution.gangs if g.queue} | {self.default_queue})
+            queues = tuple(Queue(name) for name in names)
         return Snapshot(
             nodes=tuple(self._nodes[k] for k in sorted(self._nodes)),
             pods=resolution.pods,
             gangs=resolution.gangs,
-            queues=tuple(self._queues[k] for k in sorted(self._queues)),
+            queues=queues,
             now=now,
         )
 

@@ -9,6 +9,7 @@ annotations never add up past 1000 thousandths).
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections import Counter, defaultdict
 from typing import Any
@@ -151,6 +152,35 @@ def test_two_replicas_only_leader_binds_and_standby_takes_over(
     assert max(counts.values()) == 1
     assert {n for n in _bind_logs(b)} == {f"two-{i}" for i in range(4)}
     _assert_devices_not_shared(kai_cluster.pods(namespace))
+
+
+def test_a_leader_that_loses_its_lease_stops_and_writes_nothing_more(
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
+    make_gpu_nodes: Any,
+) -> None:
+    tag = run_tag()
+    make_gpu_nodes(1, gpus=8, labels=tag)
+    lease_name = f"kai-e2e-{uuid.uuid4().hex[:6]}"
+    lease = {"leaseName": lease_name, **FAST_LEASE}
+    a = start_scheduler(config={"leaderElection": lease}, args=["--leader-elect"], name="a")
+    wait_for("a leads", lambda: _leader(a), logs=a)
+    # Another holder takes the Lease (as after a partition: our renewals did not land).
+    now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+    patch = {"spec": {"holderIdentity": "thief", "renewTime": now, "leaseDurationSeconds": 60}}
+    kai_cluster.cp.kubectl(
+        "patch", "lease", lease_name, "-n", "kai-scheduler", "--type=merge", "-p",
+        json.dumps(patch),
+    )  # fmt: skip
+    wait_for("a exits", lambda: a.proc is not None and a.proc.poll() is not None, timeout=15)
+    assert a.proc is not None and a.proc.returncode == 1, a.log_tail()
+    assert any(r.get("event") == "leader_lost_exiting" for r in a.log_records())
+    # Nobody leads now: a pod created afterwards is not bound by the old leader.
+    kai_cluster.create(pod_manifest("late", gpus=1, node_selector=tag), namespace=namespace)
+    time.sleep(2)
+    assert not bound_nodes(kai_cluster.pods(namespace))
+    assert sum(_bind_logs(a).values()) == 0
 
 
 def test_sigterm_releases_the_lease_for_a_fast_handover(

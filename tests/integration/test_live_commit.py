@@ -28,7 +28,7 @@ from scheduler.k8s.watch import Watcher, WatchSettings
 from scheduler.k8s.writer import Writer
 from scheduler.solver import PlacementSettings
 from testenv.controlplane import ControlPlane
-from tests.integration.support import install_crds, kubectl
+from tests.integration.support import REPO, install_crds, kubectl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
@@ -73,6 +73,7 @@ def gpu_pod(name: str, gpus: int = 1) -> str:
 @pytest.fixture
 async def api(control_plane: ControlPlane) -> AsyncIterator[ApiClient]:
     install_crds(control_plane)
+    control_plane.kubectl("apply", "-f", str(REPO / "manifests" / "defaults"))
     client = await make_api_client(ClientSettings(kube_config=str(control_plane.kubeconfig)))
     try:
         yield client
@@ -103,7 +104,7 @@ async def test_a_stalled_watch_never_double_books_a_device(
     backend = LiveBackend(cache, Writer(api))
 
     report = await run_cycle(backend, SETTINGS, 1)
-    assert report.commit.dispatched_pods == 1
+    assert report.commit.dispatched_pods == 1, report.placement.outcomes
     await backend.flush()
     first = await get_pod(api, namespace, "first")
     assert first["spec"]["nodeName"] == node

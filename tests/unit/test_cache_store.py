@@ -427,6 +427,16 @@ def test_bound_pods_grant_annotation_is_the_truth_after_a_restart(clock: Clock) 
     assert fresh.snapshot().node_states()["n1"].gpu_free == (1000, 500)
 
 
+def test_without_the_queue_crd_every_named_queue_is_an_open_leaf(cache: Cache) -> None:
+    cache.apply("Pod", "ADDED", pod("a"))
+    cache.apply("Pod", "ADDED", pod("b", queue="team-a"))
+    assert cache.snapshot().queues == ()
+    cache.set_absent("Queue", True)
+    queues = cache.snapshot().queues
+    assert [q.name for q in queues] == ["default-queue", "team-a"]
+    assert all(not q.resources and not q.parent for q in queues)
+
+
 def test_missing_podgroup_crd_is_named_in_the_reason(cache: Cache) -> None:
     cache.apply("Pod", "ADDED", pod("w0", group="train"))
     cache.set_absent("PodGroup", True)
