@@ -90,6 +90,27 @@ class SchedulerMetrics:
         self.leader = Gauge(
             "kai_leader", "1 while this replica holds the leader lease.", registry=r
         )
+        self.binds_in_flight = Gauge(
+            "kai_binds_in_flight",
+            "Gangs whose binds were started and have not finished (binding streams).",
+            registry=r,
+        )
+        self.assumed_pods = Gauge(
+            "kai_assumed_pods",
+            "Pods counted as bound whose bind the watch has not confirmed yet.",
+            registry=r,
+        )
+        self.read_backs = Counter(
+            "kai_assumed_pod_read_backs",
+            "Assumed pods read back from the API because the watch did not confirm them.",
+            registry=r,
+        )
+        self.watch_restarts = Counter(
+            "kai_watch_restarts",
+            "Watches that ended abnormally and were resumed or relisted, by kind.",
+            ["kind"],
+            registry=r,
+        )
         self._queues: set[str] = set()
 
     def observe_cycle(self, seconds: float, solve_seconds: float) -> None:

@@ -133,7 +133,11 @@ class Scheduler:
 
     async def _serve(self, api: Any) -> int:
         cfg = self.config
-        watcher = Watcher(api, self.cache)
+        watcher = Watcher(
+            api,
+            self.cache,
+            on_restart=lambda kind: self.metrics.watch_restarts.labels(kind=kind).inc(),
+        )
         writer = Writer(
             api,
             component=cfg.scheduler_name,
@@ -276,6 +280,8 @@ class Scheduler:
                     self.metrics.observe_cycle(report.seconds, report.solve_seconds)
                     self.metrics.observe_pending(report.snapshot, report.placement.outcomes)
                     self.metrics.observe_fair_share(report.fair_share)
+                    self.metrics.binds_in_flight.set(backend.binds_in_flight)
+                    self.metrics.assumed_pods.set(len(self.cache.assumed()))
             await self._wait_trigger(self.cache.pending_changed)
 
 

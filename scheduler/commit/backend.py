@@ -9,7 +9,8 @@ task (binding streams, as kube-scheduler's binding cycle runs apart from its sch
 so a cycle is never as long as its slowest bind and a backlog of thousands of pods does not
 hold the next cycle); evict gangs left partial past their grace period; then start publishing
 what users see (conditions, Events, PodGroup and Queue status, problems) in the background.
-Bind results reach the status publisher and the metrics as each gang's binds finish.
+Bind results reach the metrics as each gang's binds finish, and users (Events, conditions)
+with the next cycle's status pass.
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ class LiveBackend:
                 self.cache.observe_pod(pod)
 
         log.info("assumed_pods_read_back", count=len(due))
+        if self.metrics is not None:
+            self.metrics.read_backs.inc(len(due))
         await asyncio.gather(*(one(*d) for d in due))
 
     async def commit(
@@ -194,8 +197,9 @@ class LiveBackend:
             self.metrics.binds.inc(len(commit.bound))
             self.metrics.bind_failures.inc(len(commit.failed))
         if commit.bound or commit.failed:
+            # Told by the next cycle's publish: publishing per finished gang would redo the
+            # whole status pass thousands of times while a backlog binds.
             self._unpublished[gang] = commit
-            self._start_publish()
 
     def _start_publish(self) -> None:
         """Publish the newest cycle's view with every bind result not told yet, unless a

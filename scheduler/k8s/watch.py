@@ -120,6 +120,7 @@ class Watcher:
         settings: WatchSettings | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: Callable[[], float] = random.random,
+        on_restart: Callable[[str], None] | None = None,
     ) -> None:
         self.api = api
         self.cache = cache
@@ -129,6 +130,8 @@ class Watcher:
         self.settings = settings or WatchSettings()
         self._sleep = sleep
         self._rng = rng
+        #: Called with the kind whenever a watch ends abnormally (for a metric).
+        self._on_restart = on_restart
         #: Set once every kind has been listed once; no cycle may run before.
         self.synced = asyncio.Event()
         #: Kinds listed at least once.
@@ -205,6 +208,8 @@ class Watcher:
             except KubeError as e:
                 failures += 1
                 self.errors[kind.kind] = e
+                if self._on_restart is not None:
+                    self._on_restart(kind.kind)
                 if rv is None and isinstance(e, NotFound) and kind.kind in self.optional:
                     self._mark_absent(kind)
                 hint = e.retry_after if isinstance(e, TemporaryError) else None
