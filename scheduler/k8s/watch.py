@@ -39,6 +39,7 @@ from kubernetes_asyncio.client import ApiClient
 
 from scheduler.k8s.client import open_stream, request_json
 from scheduler.k8s.errors import (
+    Forbidden,
     Gone,
     KubeError,
     NotFound,
@@ -214,7 +215,13 @@ class Watcher:
                     self._mark_absent(kind)
                 hint = e.retry_after if isinstance(e, TemporaryError) else None
                 delay = hint if hint else self.backoff(failures)
-                self._log_failure(kind, rv, e, failures, delay)
+                warming = isinstance(e, Forbidden) and kind.kind in self.listed
+                if warming:
+                    # We were allowed before: a restarted API server answers 403 for a few
+                    # seconds while its RBAC caches fill. Retry soon instead of going blind
+                    # for a long back-off (seen in the chaos runs).
+                    delay = min(delay, self.settings.backoff_base * 2)
+                self._log_failure(kind, rv, e, failures, delay, transient=warming)
                 if iterations is not None and rounds >= iterations:
                     return
                 await self._sleep(delay)
@@ -227,7 +234,14 @@ class Watcher:
                 await self._sleep(self.backoff(failures))
 
     def _log_failure(
-        self, kind: ResourceKind, rv: str | None, e: KubeError, failures: int, delay: float
+        self,
+        kind: ResourceKind,
+        rv: str | None,
+        e: KubeError,
+        failures: int,
+        delay: float,
+        *,
+        transient: bool = False,
     ) -> None:
         fields: dict[str, Any] = {
             "kind": kind.kind,
@@ -244,7 +258,7 @@ class Watcher:
                 f"(version {kind.version}), e.g. kubectl apply -f crds/",
                 **fields,
             )
-        elif isinstance(e, PermanentError):
+        elif isinstance(e, PermanentError) and not transient:
             log.error("watch_failed", **fields)
         else:
             log.warning("watch_interrupted", **fields)

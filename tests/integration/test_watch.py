@@ -429,6 +429,46 @@ async def test_client_errors_are_typed(control_plane: ControlPlane, namespace: s
 
 
 @pytest.mark.e2e
+async def test_forbidden_after_being_allowed_is_retried_soon(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    # A restarted API server answers 403 for a few seconds while its RBAC caches fill; a
+    # kind we could read before is retried at once rather than after a growing back-off.
+    cp = control_plane
+    role = f"read-pods-{namespace}"
+    await kubectl(cp, "create", "clusterrole", role, "--verb=get,list,watch", "--resource=pods")
+    await kubectl(cp, "create", "clusterrolebinding", role, f"--clusterrole={role}",
+                  f"--serviceaccount={namespace}:default")  # fmt: skip
+    token = await asyncio.to_thread(cp.service_account_token, namespace, "default")
+    path = await asyncio.to_thread(cp.kubeconfig_for_token, token, f"sa-{namespace}")
+    delays: list[float] = []
+
+    async def record_sleep(seconds: float) -> None:
+        delays.append(seconds)
+        await asyncio.sleep(min(seconds, 0.2))
+
+    api = await make_api_client(ClientSettings(kube_config=str(path)))
+    watcher = Watcher(api, Cache(SCHED, "default-queue"), [POD.kind], settings=FAST,
+                      sleep=record_sleep)  # fmt: skip
+    task = asyncio.create_task(watcher.run())
+    try:
+        await asyncio.wait_for(watcher.synced.wait(), 30)
+        await kubectl(cp, "delete", "clusterrolebinding", role)
+        await eventually(
+            "a 403 on the next watch",
+            lambda: isinstance(watcher.errors.get("Pod"), Forbidden),
+            timeout=30,
+        )
+        await eventually("a few retries", lambda: len(delays) >= 3, timeout=30)
+        assert max(delays) <= 2 * FAST.backoff_base, delays
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api.close()
+        await kubectl(cp, "delete", "clusterrole", role)
+
+
+@pytest.mark.e2e
 async def test_api_secure_false_skips_tls_verification(
     control_plane: ControlPlane, tmp_path: Path
 ) -> None:
