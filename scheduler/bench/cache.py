@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import random
 import resource
@@ -183,15 +184,20 @@ def run(args: argparse.Namespace) -> int:
     first = time.perf_counter()
     snapshot = cache.snapshot()
     first_snapshot = time.perf_counter() - first
-    times: list[float] = []
-    for k in range(args.changes):
-        rv += 1
+    versions = itertools.count(rv + 1)
+
+    def change_one(k: int) -> None:
+        """One running pod changes (a label, its phase), as a watch event would say."""
         i = rng.randrange(bound) if bound else 0
         node = f"node-{(i // per_node) % args.nodes:05d}"
-        changed = _pod(f"run-{i}", "ns", rv, node, 1 if i % 8 else 0, "")
+        changed = _pod(f"run-{i}", "ns", next(versions), node, 1 if i % 8 else 0, "")
         changed["metadata"]["labels"]["tick"] = str(k)
         changed["status"]["phase"] = "Running" if k % 2 else "Succeeded"
         cache.apply("Pod", "MODIFIED", changed)
+
+    times: list[float] = []
+    for k in range(args.changes):
+        change_one(k)
         t = time.perf_counter()
         snapshot = cache.snapshot()
         times.append(time.perf_counter() - t)
@@ -219,12 +225,7 @@ def run(args: argparse.Namespace) -> int:
         cycles: list[float] = []
         solves: list[float] = []
         for k in range(args.cycles):
-            rv += 1
-            i = rng.randrange(bound) if bound else 0
-            node = f"node-{(i // per_node) % args.nodes:05d}"
-            changed = _pod(f"run-{i}", "ns", rv, node, 1 if i % 8 else 0, "")
-            changed["metadata"]["labels"]["cycle"] = str(k)
-            cache.apply("Pod", "MODIFIED", changed)
+            change_one(args.changes + k)
             t = time.perf_counter()
             snapshot = cache.snapshot()
             s0 = time.perf_counter()

@@ -322,17 +322,23 @@ class TcpRelay:
         await self._server.wait_closed()
 
 
+async def relayed(cp: ControlPlane) -> tuple[TcpRelay, ClientSettings]:
+    """A started relay to the API server, and client settings that go through it (the server
+    flag overrides the kubeconfig's server)."""
+    relay = TcpRelay(int(cp.server.rsplit(":", 1)[1]))
+    await relay.start()
+    settings = ClientSettings(
+        kube_config=str(cp.kubeconfig), api_server=f"https://127.0.0.1:{relay.port}"
+    )
+    return relay, settings
+
+
 @pytest.mark.e2e
 async def test_watch_recovers_from_dropped_connections_and_server_outage(
     control_plane: ControlPlane, namespace: str
 ) -> None:
     cp = control_plane
-    relay = TcpRelay(int(cp.server.rsplit(":", 1)[1]))
-    await relay.start()
-    # The server flag overrides the kubeconfig's server: everything goes through the relay.
-    settings = ClientSettings(
-        kube_config=str(cp.kubeconfig), api_server=f"https://127.0.0.1:{relay.port}"
-    )
+    relay, settings = await relayed(cp)
     async with watching(settings, ("Pod", "Node")) as (cache, watcher):
         await relay.drop()  # connections cut, port closed: the "API server" is down
         await kubectl(cp, "apply", "-n", namespace, "-f", "-", input=pod_manifest("during"))
@@ -355,11 +361,7 @@ async def test_a_silent_watch_is_dropped_after_its_heartbeat_timeout(
     control_plane: ControlPlane, namespace: str
 ) -> None:
     cp = control_plane
-    relay = TcpRelay(int(cp.server.rsplit(":", 1)[1]))
-    await relay.start()
-    settings = ClientSettings(
-        kube_config=str(cp.kubeconfig), api_server=f"https://127.0.0.1:{relay.port}"
-    )
+    relay, settings = await relayed(cp)
     # A long server-side timeout: only the heartbeat can notice the dead connection.
     beat = WatchSettings(watch_timeout=300, read_grace=60, heartbeat_timeout=2.0,
                          backoff_base=0.05, backoff_max=0.2)  # fmt: skip
