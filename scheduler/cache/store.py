@@ -180,9 +180,12 @@ class Cache:
         if before != absent:
             self._changed()
 
-    def _changed(self) -> None:
+    def _changed(self, *, wake: bool = True) -> None:
+        """The scheduling view changed; ``wake`` the cycle loop unless the change can neither
+        add pending work nor free capacity (a bind confirmed, a running pod's status)."""
         self._generation += 1
-        self.pending_changed.set()
+        if wake:
+            self.pending_changed.set()
 
     def apply(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
         """Apply one watch event (``ADDED``/``MODIFIED``/``DELETED``) of ``kind``.
@@ -304,8 +307,10 @@ class Cache:
         self._pod_uid[key] = uid
         record = self._parse_pod(uid, obj)
         pod = record.pod
+        confirmed = False
         if pod is not None and pod.node_name is not None:
             assumption = self._assumed.pop(uid, None)
+            confirmed = assumption is not None and assumption.node == pod.node_name
             if assumption is not None:
                 log.debug("pod_confirmed", pod=key, node=pod.node_name)
                 if assumption.node != pod.node_name:
@@ -313,9 +318,11 @@ class Cache:
                         "pod_bound_elsewhere", pod=key, node=pod.node_name, assumed=assumption.node
                     )
         self._raw["Pod"][key] = _slim_pod(obj)
-        if self._pods.get(uid) != record:
+        old = self._pods.get(uid)
+        if old != record:
             self._pods[uid] = record
-            self._changed()
+            # A confirmed assumption changes nothing the last snapshot did not already count.
+            self._changed(wake=not confirmed and _may_free_or_add_work(old, record))
         return True
 
     def _parse_pod(self, uid: str, obj: Mapping[str, Any]) -> PodRecord:
@@ -507,6 +514,20 @@ class Cache:
     def counts(self) -> dict[str, int]:
         """Number of stored objects per kind (for metrics)."""
         return {kind: len(objs) for kind, objs in self._raw.items()}
+
+
+def _may_free_or_add_work(old: PodRecord | None, new: PodRecord) -> bool:
+    """Whether a pod's change may let a pending pod be placed: it is or was pending, it
+    stopped holding resources, or it holds them elsewhere. A pod that stays bound and active
+    on the same node (its bind confirmed, kubelet status updates) changes nothing a cycle
+    could act on; waking the loop for each of those made a backlog of binds run an empty
+    cycle per watch event."""
+    a, b = (old.pod if old is not None else None), new.pod
+    if a is None or b is None:
+        return True
+    if a.pending or b.pending:
+        return True
+    return (a.active and not b.active) or a.node_name != b.node_name or a.deleting != b.deleting
 
 
 def _gang_facts(obj: Mapping[str, Any]) -> tuple[Any, Any]:

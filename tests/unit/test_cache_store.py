@@ -437,6 +437,27 @@ def test_without_the_queue_crd_every_named_queue_is_an_open_leaf(cache: Cache) -
     assert all(not q.resources and not q.parent for q in queues)
 
 
+def test_only_changes_a_cycle_can_act_on_wake_it(cache: Cache) -> None:
+    # While a backlog binds, every confirmation and kubelet status update is a watch event;
+    # none of them can let a pending pod in, so none may start a cycle.
+    cache.apply("Node", "ADDED", node("n1", gpus=2))
+    cache.pending_changed.clear()
+    cache.apply("Pod", "ADDED", with_rv(pod("p", gpus=1), 5))
+    assert cache.pending_changed.is_set()  # new pending work
+    cache.assume("uid-ns-p", "n1", {0: 1000})
+    cache.pending_changed.clear()
+    bound = pod("p", gpus=1, node_name="n1", annotations={GPU_GRANT_ANNOTATION: '{"0":1000}'})
+    cache.apply("Pod", "MODIFIED", with_rv(bound, 6))  # the bind, confirmed
+    running = pod("p", gpus=1, node_name="n1", phase="Running",
+                  annotations={GPU_GRANT_ANNOTATION: '{"0":1000}'})  # fmt: skip
+    cache.apply("Pod", "MODIFIED", with_rv(running, 7))  # kubelet reports it running
+    assert not cache.pending_changed.is_set()
+    done = pod("p", gpus=1, node_name="n1", phase="Succeeded",
+               annotations={GPU_GRANT_ANNOTATION: '{"0":1000}'})  # fmt: skip
+    cache.apply("Pod", "MODIFIED", with_rv(done, 8))  # its GPU is free again
+    assert cache.pending_changed.is_set()
+
+
 def test_missing_podgroup_crd_is_named_in_the_reason(cache: Cache) -> None:
     cache.apply("Pod", "ADDED", pod("w0", group="train"))
     cache.set_absent("PodGroup", True)
