@@ -83,7 +83,7 @@ class SchedulerConfig:
     bind_attempts: int = 3
     #: API requests (binds, status writes, Events) in flight at once; binds stream in the
     #: background, so this bounds how fast a backlog is bound and how hard the API is hit.
-    max_requests_in_flight: int = 16
+    max_requests_in_flight: int = 64
     #: The same Event (object, reason, message) is sent at most once per this many seconds.
     event_interval: float = 60.0
     #: Leader election timing.
