@@ -86,6 +86,8 @@ class LiveBackend:
         self._led = True
         self._status_task: asyncio.Task[None] | None = None
         self._unpublished: dict[str, GangCommit] = {}
+        #: Scheduled Events being sent for gangs whose binds finished.
+        self._telling: set[asyncio.Task[None]] = set()
         #: Gangs whose binds are in flight (background tasks), by gang key.
         self._binding: dict[str, asyncio.Task[GangCommit]] = {}
         self._last: tuple[Snapshot, Placement, FairShareReport, int] | None = None
@@ -196,10 +198,15 @@ class LiveBackend:
         if self.metrics is not None:
             self.metrics.binds.inc(len(commit.bound))
             self.metrics.bind_failures.inc(len(commit.failed))
-        if commit.bound or commit.failed:
-            # Told by the next cycle's publish: publishing per finished gang would redo the
-            # whole status pass thousands of times while a backlog binds.
-            self._unpublished[gang] = commit
+        if commit.bound:
+            # Scheduled Events go out as the binds land (the Event limiter bounds them).
+            told = asyncio.create_task(self.status.scheduled(commit.bound), name=f"told-{gang}")
+            self._telling.add(told)
+            told.add_done_callback(self._telling.discard)
+        if commit.failed:
+            # Why they wait is told by the next cycle's status pass: running that whole pass
+            # per finished gang would redo it thousands of times while a backlog binds.
+            self._unpublished[gang] = GangCommit(gang, failed=commit.failed)
 
     def _start_publish(self) -> None:
         """Publish the newest cycle's view with every bind result not told yet, unless a
@@ -239,6 +246,8 @@ class LiveBackend:
         """Wait for the binds and status writes in flight (tests, clean shutdown)."""
         while self._binding:
             await asyncio.gather(*list(self._binding.values()), return_exceptions=True)
+        if self._telling:
+            await asyncio.gather(*list(self._telling), return_exceptions=True)
         if self._status_task is not None:
             await asyncio.gather(self._status_task, return_exceptions=True)
         if self._unpublished:

@@ -34,7 +34,7 @@ from scheduler.k8s.errors import KubeError, NotFound
 from scheduler.k8s.resources import PODGROUP, QUEUE
 from scheduler.k8s.writer import ObjectRef, Writer, now_rfc3339
 from scheduler.metrics import queue_units
-from scheduler.solver.placement import GangOutcome
+from scheduler.solver.placement import GangOutcome, PodAssignment
 
 __all__ = [
     "StatusPublisher",
@@ -241,21 +241,7 @@ class StatusPublisher:
         calls: list[Awaitable[None]] = []
         by_key = {p.key: p for p in snapshot.pods}
         for commit in commits.values():
-            for a in commit.bound:
-                pod = by_key.get(a.pod_key)
-                if pod is None:
-                    continue
-                self._pod_message.pop(pod.uid, None)
-                calls.append(
-                    self._limited(
-                        self.writer.event(
-                            pod_ref(pod),
-                            "Scheduled",
-                            f"Successfully assigned {pod.key} to {a.node}",
-                        ),
-                        pod.key,
-                    )
-                )
+            calls += self._scheduled(commit.bound)
             for a, error in commit.failed:
                 pod = by_key.get(a.pod_key)
                 if pod is not None and error:
@@ -271,6 +257,23 @@ class StatusPublisher:
         for uid in [u for u in self._pod_message if u not in pending_uids]:
             del self._pod_message[uid]
         return calls
+
+    def _scheduled(self, bound: Iterable[PodAssignment]) -> list[Awaitable[None]]:
+        calls: list[Awaitable[None]] = []
+        for a in bound:
+            namespace, _, name = a.pod_key.partition("/")
+            self._pod_message.pop(a.pod_uid, None)
+            ref = ObjectRef("Pod", "v1", name, namespace, a.pod_uid)
+            message = f"Successfully assigned {a.pod_key} to {a.node}"
+            calls.append(self._limited(self.writer.event(ref, "Scheduled", message), a.pod_key))
+        return calls
+
+    async def scheduled(self, bound: Iterable[PodAssignment]) -> None:
+        """Tell the pods of a gang whose binds just finished that they are scheduled (the
+        binds stream, so this comes as they land, not with the next cycle's status pass)."""
+        calls = self._scheduled(bound)
+        if calls:
+            await asyncio.gather(*calls)
 
     async def _wait_reason(self, pod: Pod, message: str) -> None:
         if self._pod_message.get(pod.uid) != message:

@@ -180,7 +180,7 @@ def _assert_least_privilege(cp: ControlPlane, namespace: str, make_gpu_nodes: Ma
     )  # fmt: skip
 
     allowed = [
-        ("list", "pods", namespace), ("watch", "pods", None), ("patch", "pods", namespace),
+        ("list", "pods", namespace), ("watch", "pods", None),
         ("delete", "pods", namespace), ("create", "pods/binding", namespace),
         ("create", "pods/eviction", namespace), ("patch", "pods/status", namespace),
         ("update", "pods/status", namespace), ("watch", "nodes", None),
@@ -196,7 +196,8 @@ def _assert_least_privilege(cp: ControlPlane, namespace: str, make_gpu_nodes: Ma
     ]  # fmt: skip
     denied_list = [
         ("get", "secrets", namespace), ("list", "secrets", None), ("get", "configmaps", NS),
-        ("create", "pods", namespace), ("delete", "nodes", None), ("patch", "nodes", None),
+        ("create", "pods", namespace), ("patch", "pods", namespace),
+        ("delete", "nodes", None), ("patch", "nodes", None),
         ("create", "queues.scheduling.run.ai", None), ("update", "queues.scheduling.run.ai", None),
         ("delete", "podgroups.scheduling.run.ai", namespace),
         ("create", "leases.coordination.k8s.io", namespace), ("create", "priorityclasses", None),
