@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the test control plane's binaries (kube-apiserver, kube-controller-manager, kubectl,
-# etcd, kwok, helm) from their Go modules into .cache/testenv-bin/<key>/, where <key> hashes
-# testenv/versions.env and the testenv/gobuild module files. Skips work when every binary is
+# etcd, kwok, helm; and kube-scheduler, a peer for the e2e bench's CI run) from their Go modules
+# into .cache/testenv-bin/<key>/, where <key> hashes testenv/versions.env and the
+# testenv/gobuild module files. Skips work when every binary is
 # already there. A cold build on 2 cores took ~8 minutes plus module downloads (kubernetes
 # dominates; see testenv/README.md);
 # Go's module and build caches make later rebuilds much faster.
@@ -16,7 +17,7 @@ source "$here/versions.env"
 log() { printf '[testenv-build %s] %s\n' "$(date '+%H:%M:%S')" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-binaries=(kube-apiserver kube-controller-manager kubectl etcd kwok helm)
+binaries=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm)
 
 command -v go >/dev/null 2>&1 || die "the Go toolchain is not on PATH; install Go >= 1.26 (see testenv/gobuild/*/go.mod)"
 
@@ -35,7 +36,15 @@ if grep -E '^replace k8s\.io/' "$gobuild/kubernetes/go.mod" | grep -vq "=> k8s.i
     die "testenv/gobuild/kubernetes/go.mod has staging replaces not at $staging (Kubernetes $KUBERNETES_VERSION)"
 fi
 
-key="$(cat "$here/versions.env" "$gobuild"/*/go.mod "$gobuild"/*/go.sum "$gobuild"/*/*.go | sha256sum | cut -c1-16)"
+# Only what these binaries are built from: the peers that build_peers.sh builds for the e2e
+# bench (the "# Peers" section of versions.env, testenv/gobuild/kai) must not invalidate them.
+modules=(etcd helm kubernetes kwok)
+key="$(
+    { sed '/^# Peers for the e2e bench/,$d' "$here/versions.env"
+      for f in go.mod go.sum; do for m in "${modules[@]}"; do cat "$gobuild/$m/$f"; done; done
+      for m in "${modules[@]}"; do cat "$gobuild/$m"/*.go 2>/dev/null || true; done
+    } | sha256sum | cut -c1-16
+)"
 cache="$root/.cache/testenv-bin"
 dest="$cache/$key"
 
@@ -79,14 +88,19 @@ want() { # is any of the given binaries missing?
     return 1
 }
 
-if want kube-apiserver kube-controller-manager kubectl; then
+# One go build for the Kubernetes binaries that are missing: they share most packages.
+# kube-scheduler adds ~25 s to a build whose Go cache already holds kube-apiserver's packages.
+k8s_missing=()
+for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+    if want "$b"; then k8s_missing+=("$b"); fi
+done
+if [[ ${#k8s_missing[@]} -gt 0 ]]; then
     # Stamp the real version so helm's kubeVersion checks and kubectl's skew warnings see it.
     vpkg=k8s.io/component-base/version
     minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
     kldflags="-X $vpkg.gitVersion=$KUBERNETES_VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor -X $vpkg.gitTreeState=clean"
-    timed_build "kube-apiserver kube-controller-manager kubectl ($KUBERNETES_VERSION)" kubernetes \
-        -ldflags "$kldflags" -o "$staging_dir/" \
-        k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl
+    timed_build "${k8s_missing[*]} ($KUBERNETES_VERSION)" kubernetes \
+        -ldflags "$kldflags" -o "$staging_dir/" "${k8s_missing[@]/#/k8s.io/kubernetes/cmd/}"
 fi
 if want etcd; then
     timed_build "etcd ($ETCD_VERSION)" etcd -o "$staging_dir/etcd" .

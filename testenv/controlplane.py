@@ -3,6 +3,12 @@
 Authentication is by static tokens (an admin in system:masters), authorization is Node,RBAC,
 service-account tokens are signed and verifiable, and kwok fakes every node annotated
 ``kwok.x-k8s.io/node=fake`` (Ready nodes, bound pods move to Running).
+
+Two opt-in extras for benchmarks (off by default, so tests see exactly the plane above):
+``static_users`` adds token-authenticated users (e.g. ``system:kube-scheduler``, whom the
+bootstrap RBAC policy already grants a scheduler's permissions) and ``audit_policy`` turns on
+kube-apiserver's JSON audit log (``audit_log``), which is how a benchmark counts the requests
+each client made.
 """
 
 from __future__ import annotations
@@ -21,9 +27,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from testenv import process
 from testenv.binaries import find_bin_dir, repo_root
@@ -92,6 +99,19 @@ def _default_log_dir(run: str) -> Path:
     return base / run
 
 
+def _check_token_field(value: str) -> None:
+    # tokens.csv is comma separated with the group list quoted: keep every field parseable.
+    if not value or any(c in value for c in ',"\n'):
+        raise ValueError(
+            f'static user or group {value!r}: must be non-empty, without , " or newline'
+        )
+
+
+def _token_line(token: str, user: str, uid: str, groups: Sequence[str]) -> str:
+    """One line of kube-apiserver's --token-auth-file."""
+    return f'{token},{user},{uid},"{",".join(groups)}"\n' if groups else f"{token},{user},{uid}\n"
+
+
 def _sweep_orphaned_work_dirs() -> None:
     """Delete data dirs left by interpreters that died without stop() (e.g. SIGKILL)."""
     for path in Path(tempfile.gettempdir()).glob("kai-testenv-*-*"):
@@ -120,7 +140,17 @@ class ControlPlane:
         bin_dir: Path | None = None,
         log_dir: Path | None = None,
         startup_timeout: float = 60.0,
+        static_users: Mapping[str, Sequence[str]] | None = None,
+        audit_policy: Mapping[str, Any] | None = None,
     ) -> None:
+        """``static_users`` maps extra user names to their groups; each gets a token in
+        ``user_tokens``. ``audit_policy`` is an ``audit.k8s.io/v1`` Policy document: when given,
+        kube-apiserver writes JSON audit events to ``audit_log`` (in the data dir, so it goes
+        away with ``stop()``)."""
+        for user, groups in (static_users or {}).items():
+            _check_token_field(user)
+            for group in groups:
+                _check_token_field(group)
         self.bin_dir: Path = bin_dir if bin_dir is not None else find_bin_dir()
         self.run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(_counter)}"
         self.log_dir: Path = log_dir if log_dir is not None else _default_log_dir(self.run_id)
@@ -134,6 +164,12 @@ class ControlPlane:
         self.admin_token: str = secrets.token_hex(24)
         self._kcm_token = secrets.token_hex(24)
         self._kwok_token = secrets.token_hex(24)
+        self._static_users = {u: tuple(g) for u, g in (static_users or {}).items()}
+        #: Token of each of ``static_users``.
+        self.user_tokens: dict[str, str] = {u: secrets.token_hex(24) for u in self._static_users}
+        self._audit_policy = dict(audit_policy) if audit_policy is not None else None
+        #: kube-apiserver's audit log (JSON lines) when ``audit_policy`` was given, else None.
+        self.audit_log: Path | None = self._work / "audit.log" if audit_policy is not None else None
         self._pick_ports()
         self.kubeconfig: Path = self._work / "admin.kubeconfig"
         self._components: list[process.Component] = []
@@ -251,8 +287,15 @@ class ControlPlane:
             f'{self.admin_token},kai-admin,kai-admin-uid,"system:masters"\n'
             f"{self._kcm_token},system:kube-controller-manager,kcm-uid\n"
             f'{self._kwok_token},kwok-controller,kwok-uid,"system:masters"\n'
+            + "".join(
+                _token_line(self.user_tokens[user], user, f"static-{i}-uid", groups)
+                for i, (user, groups) in enumerate(self._static_users.items())
+            )
         )
         tokens.chmod(0o600)
+        if self._audit_policy is not None:
+            # JSON is valid YAML, which is what --audit-policy-file reads.
+            (self._work / "audit-policy.json").write_text(json.dumps(self._audit_policy))
         self._write_kubeconfig(self.kubeconfig, self.admin_token, "kai-admin")
         self._write_kubeconfig(self._work / "kcm.kubeconfig", self._kcm_token, "kcm")
         self._write_kubeconfig(self._work / "kwok.kubeconfig", self._kwok_token, "kwok")
@@ -359,6 +402,17 @@ class ControlPlane:
             "--log-level=warn",
         ]
 
+    def _audit_argv(self) -> list[str]:
+        if self.audit_log is None:
+            return []
+        return [
+            f"--audit-policy-file={self._work / 'audit-policy.json'}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-maxsize=0",  # one file: readers keep byte offsets into it
+            "--audit-log-mode=blocking",  # an event is on disk before its response is sent
+        ]
+
     def _apiserver_argv(self) -> list[str]:
         pki = self._pki_dir
         return [
@@ -381,6 +435,7 @@ class ControlPlane:
             "--endpoint-reconciler-type=none",
             "--allow-privileged=true",
             "--profiling=false",
+            *self._audit_argv(),
         ]
 
     def _kcm_argv(self) -> list[str]:
@@ -491,6 +546,12 @@ class ControlPlane:
         """A fresh token for ServiceAccount namespace/name (TokenRequest API)."""
         out = self.kubectl("create", "token", name, "-n", namespace, "--duration=2h").stdout
         return out.strip()
+
+    def kubeconfig_for_user(self, user: str) -> Path:
+        """A kubeconfig authenticating as one of ``static_users``; returns its path."""
+        if user not in self.user_tokens:
+            raise KeyError(f"{user!r} is not a static user of this control plane")
+        return self.kubeconfig_for_token(self.user_tokens[user], user)
 
     def kubeconfig_for_token(self, token: str, name: str) -> Path:
         """Write a kubeconfig that authenticates with `token`; returns its path."""

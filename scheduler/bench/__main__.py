@@ -9,7 +9,12 @@ from collections.abc import Sequence
 
 #: benchmark name -> module providing ``add_parser(subparsers)`` and ``run(args) -> int``.
 #: Modules are imported lazily so one benchmark's dependencies never break another.
-BENCHMARKS = {"solver": "scheduler.bench.solver", "openb": "scheduler.bench.openb"}
+BENCHMARKS = {
+    "solver": "scheduler.bench.solver",
+    "openb": "scheduler.bench.openb",
+    "e2e": "scheduler.bench.e2e",
+    "cache": "scheduler.bench.cache",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
