@@ -308,8 +308,9 @@ class Cache:
         record = self._parse_pod(uid, obj)
         pod = record.pod
         confirmed = False
+        dropped: _Assumption | None = None
         if pod is not None and pod.node_name is not None:
-            assumption = self._assumed.pop(uid, None)
+            assumption = dropped = self._assumed.pop(uid, None)
             confirmed = assumption is not None and assumption.node == pod.node_name
             if assumption is not None:
                 log.debug("pod_confirmed", pod=key, node=pod.node_name)
@@ -323,6 +324,8 @@ class Cache:
             self._pods[uid] = record
             # A confirmed assumption changes nothing the last snapshot did not already count.
             self._changed(wake=not confirmed and _may_free_or_add_work(old, record))
+        elif dropped is not None:
+            self._generation += 1  # the overlay changed even though the record did not
         return True
 
     def _parse_pod(self, uid: str, obj: Mapping[str, Any]) -> PodRecord:
