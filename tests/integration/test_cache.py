@@ -102,6 +102,8 @@ async def test_bad_input_becomes_problems_and_the_rest_is_scheduled(
         assert found["orphan"].reason == "PodGroupNotFound"
         raw = cache.raw("Pod", namespace, "bad-fraction")
         assert raw is not None and found["bad-fraction"].uid == raw["metadata"]["uid"]
+        # "good" was created last: the watch may deliver it after the two problems.
+        await eventually("the good pod", lambda: cache.raw("Pod", namespace, "good") is not None)
         mine = [p.name for p in cache.snapshot().pods if p.namespace == namespace]
         assert mine == ["good"]
 
