@@ -109,6 +109,17 @@ def _bind_cycles(proc: SchedulerProcess, namespace: str) -> dict[str, int]:
     }
 
 
+def _logged_binds(proc: SchedulerProcess, namespace: str, count: int) -> dict[str, int]:
+    """Wait until ``count`` binds are logged: the API server shows a pod bound a moment
+    before the scheduler logs the answer to its Binding."""
+
+    def logged() -> dict[str, int] | None:
+        cycles = _bind_cycles(proc, namespace)
+        return cycles if len(cycles) == count else None
+
+    return dict(wait_for(f"{count} binds logged", logged, timeout=10, logs=proc))
+
+
 def _reached_running(pod: dict[str, Any]) -> bool:
     """Running now, or finished after having run (kwok completes Job pods at once)."""
     status = pod.get("status") or {}
@@ -193,8 +204,8 @@ def test_gang_training_job_binds_three_workers_in_one_cycle(
         logs=sched,
     )
     assert {p["spec"]["nodeName"] for p in pods} <= set(nodes)
-    cycles = _bind_cycles(sched, namespace)
-    assert len(cycles) == 3 and len(set(cycles.values())) == 1, cycles
+    cycles = _logged_binds(sched, namespace, 3)
+    assert len(set(cycles.values())) == 1, cycles
     # Every worker carries the Job's priority class and its queue.
     assert {p["spec"]["priority"] for p in pods} == {50}
     # The Job controller counts all three workers as done (kwok completed them).
@@ -227,8 +238,8 @@ def test_gang_training_workers_hold_three_gpus_while_running(
         timeout=60,
         logs=sched,
     )
-    cycles = _bind_cycles(sched, namespace)
-    assert len(cycles) == 3 and len(set(cycles.values())) == 1, cycles
+    cycles = _logged_binds(sched, namespace, 3)
+    assert len(set(cycles.values())) == 1, cycles
     wait_for(
         "PodGroup llm-train Running",
         lambda: _podgroup(cp, namespace, "llm-train").get("phase") == "Running",
@@ -309,8 +320,8 @@ def test_all_or_nothing_waits_then_binds_together(
         logs=sched,
     )
     assert {p["spec"]["nodeName"] for p in pods} == {*nodes, third}
-    cycles = _bind_cycles(sched, namespace)
-    assert len(cycles) == 3 and len(set(cycles.values())) == 1, cycles
+    cycles = _logged_binds(sched, namespace, 3)
+    assert len(set(cycles.values())) == 1, cycles
     wait_for(
         "PodGroup big-gang Running",
         lambda: _podgroup(cp, namespace, "big-gang").get("phase") == "Running",

@@ -256,7 +256,18 @@ def test_chart_identity_schedules_a_gang_and_queues_show_it(
         assert set(bound) == {"gang-0", "gang-1", "gang-2"}
         assert set(bound.values()) == set(nodes)
         # Bound as one gang: the three binds were logged by the same cycle.
-        binds = [r for r in chart_scheduler.log_records() if r.get("event") == "bound"]
+        # The API server shows a pod bound a moment before the scheduler logs the answer.
+        binds = wait_for(
+            "3 binds logged",
+            lambda: (
+                b
+                if len(b := [r for r in chart_scheduler.log_records() if r.get("event") == "bound"])
+                >= 3
+                else None
+            ),
+            timeout=10,
+            logs=chart_scheduler,
+        )
         assert {r["pod"] for r in binds} == {f"{namespace}/gang-{i}" for i in range(3)}
         assert len({r["cycle"] for r in binds}) == 1, binds
 

@@ -88,8 +88,18 @@ def test_deployment_of_five_gpu_pods_runs(
     for p in pods:
         grant = p["metadata"].get("annotations", {}).get("kai.scheduler/gpu-grant")
         assert grant is not None and sum(json.loads(grant).values()) == 1000
-    scheduled = [e for e in kai_cluster.events(namespace) if e["reason"] == "Scheduled"]
-    assert {e["involvedObject"]["name"] for e in scheduled} == set(bound_nodes(pods))
+
+    def scheduled_events() -> set[str] | None:
+        got = {
+            e["involvedObject"]["name"]
+            for e in kai_cluster.events(namespace)
+            if e["reason"] == "Scheduled"
+        }
+        return got if len(got) >= len(bound_nodes(pods)) else None
+
+    # Events go out as binds land, so the last may trail the pods by a moment.
+    scheduled = wait_for("Scheduled events", scheduled_events, timeout=10, logs=sched)
+    assert scheduled == set(bound_nodes(pods))
     assert sched.running()
 
 

@@ -133,7 +133,8 @@ def test_two_replicas_only_leader_binds_and_standby_takes_over(
         "first 4 bound", lambda: len(bound_nodes(kai_cluster.pods(namespace))) == 4, logs=[a, b]
     )
     assert not _leader(b)
-    assert sum(_bind_logs(a).values()) == 4
+    # The API server shows a pod bound a moment before the scheduler logs the answer.
+    wait_for("4 binds logged by a", lambda: sum(_bind_logs(a).values()) == 4, logs=[a, b])
     assert sum(_bind_logs(b).values()) == 0
 
     a.kill()
@@ -148,9 +149,11 @@ def test_two_replicas_only_leader_binds_and_standby_takes_over(
         timeout=30,
         logs=[a, b],
     )
+    want = {f"two-{i}" for i in range(4)}
+    wait_for("4 binds logged by b", lambda: set(_bind_logs(b)) >= want, logs=[a, b])
     counts = _bind_logs(a, b)
     assert max(counts.values()) == 1
-    assert {n for n in _bind_logs(b)} == {f"two-{i}" for i in range(4)}
+    assert set(_bind_logs(b)) == want
     _assert_devices_not_shared(kai_cluster.pods(namespace))
 
 
