@@ -24,6 +24,11 @@ class Gang:
     creation_time: float = 0.0
     staleness_grace_seconds: float = 60.0
     implicit: bool = False
+    #: A pending gang waits this long after creation before it may evict anyone
+    #: (``PodGroup.spec.preemptionDelay`` / annotation ``kai.scheduler/preemption-delay``).
+    preemption_delay_seconds: float = 0.0
+    #: False when its PriorityClass says ``preemptionPolicy: Never``: it never evicts.
+    may_preempt: bool = True
 
     @property
     def key(self) -> str:

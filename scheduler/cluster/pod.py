@@ -84,11 +84,23 @@ class Pod:
     #: True for pods this scheduler places; others only use capacity.
     managed: bool = True
     deleting: bool = False
+    #: When the pod started (``status.startTime``; the bind time for pods we bound); 0 when
+    #: unknown (then ``creation_time`` stands in). Min-runtime and eviction cost use it.
+    start_time: float = 0.0
+    #: Held for this pod on ``node_name`` while the pods evicted for it terminate: counts
+    #: against the node like a bound pod, but is not bound yet (the commit binds it once
+    #: the victims are gone).
+    nominated: bool = False
 
     @property
     def key(self) -> str:
         """``namespace/name``."""
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def started(self) -> float:
+        """:attr:`start_time`, or :attr:`creation_time` when the start is unknown."""
+        return self.start_time or self.creation_time
 
     @property
     def bound(self) -> bool:

@@ -56,6 +56,12 @@ class Queue:
     resources: tuple[tuple[str, QueueResource], ...] = ()
     display_name: str = ""
     creation_time: float = 0.0
+    #: Seconds a gang of this queue must have run before another gang of the same queue
+    #: may preempt it (``spec.preemptMinRuntime``); None inherits from the parent.
+    preempt_min_runtime: float | None = None
+    #: Seconds a gang of this queue must have run before another queue may reclaim it
+    #: (``spec.reclaimMinRuntime``); None inherits from the parent.
+    reclaim_min_runtime: float | None = None
 
     def resource(self, name: str) -> QueueResource:
         """The settings of one resource (defaults when not given)."""
@@ -175,6 +181,16 @@ class QueueTree:
                 return chain
             chain.append(parents[0])
             seen.add(parents[0])
+
+    def min_runtime(self, name: str, kind: str) -> float:
+        """``preempt`` or ``reclaim`` min runtime of a queue, inherited down the tree (0 when
+        no queue on the way to the root sets it)."""
+        attr = f"{kind}_min_runtime"
+        for q in self.ancestors(name) if name in self.queues else ():
+            value = getattr(self.queues[q], attr)
+            if value is not None:
+                return float(value)
+        return 0.0
 
     def finding_for(self, name: str) -> QueueFinding | None:
         """The finding that makes ``name`` unusable, if any."""

@@ -15,6 +15,7 @@ from functools import cached_property
 from typing import Any, NamedTuple
 
 from scheduler.cluster.codec import decode, encode
+from scheduler.cluster.disruption import DisruptionBudget
 from scheduler.cluster.gang import Gang
 from scheduler.cluster.node import GPU_MILLI, Node
 from scheduler.cluster.pod import Pod
@@ -58,6 +59,8 @@ class Snapshot:
     queues: tuple[Queue, ...] = ()
     #: Wall-clock (or simulated) seconds at which the snapshot was taken.
     now: float = 0.0
+    #: PodDisruptionBudgets that cover pods of this snapshot (evictions must honour them).
+    budgets: tuple[DisruptionBudget, ...] = ()
     version: int = field(default=SNAPSHOT_VERSION)
 
     # --- derived views (cached; the snapshot is immutable) -------------------------------
@@ -111,6 +114,7 @@ class Snapshot:
             "pods": encode(self.pods),
             "gangs": encode(self.gangs),
             "queues": encode(self.queues),
+            "budgets": encode(self.budgets),
         }
 
     @classmethod
@@ -123,6 +127,7 @@ class Snapshot:
             pods=decode(tuple[Pod, ...], data.get("pods", [])),
             gangs=decode(tuple[Gang, ...], data.get("gangs", [])),
             queues=decode(tuple[Queue, ...], data.get("queues", [])),
+            budgets=decode(tuple[DisruptionBudget, ...], data.get("budgets", [])),
             now=float(data.get("now", 0.0)),
         )
 

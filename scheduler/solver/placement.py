@@ -12,6 +12,8 @@ from enum import StrEnum
 from typing import Literal
 
 __all__ = [
+    "EvictAction",
+    "Eviction",
     "GangOutcome",
     "Placement",
     "PlacementSettings",
@@ -22,6 +24,13 @@ __all__ = [
 ]
 
 Strategy = Literal["binpack", "spread"]
+
+#: Why a running pod is evicted (see docs/taking-back.md):
+#: ``reclaim`` - for a queue below its fair share, from a queue above its own;
+#: ``preempt`` - for a higher-priority gang of the same queue;
+#: ``consolidate`` - moved so a pending gang fits; it is placed again in the same cycle;
+#: ``shrink`` - an elastic gang's pod beyond ``minMember`` (the gang keeps running).
+EvictAction = Literal["reclaim", "preempt", "consolidate", "shrink"]
 #: ``packing``: binpack/spread per ``gpu_strategy``/``cpu_strategy`` (KAI's behaviour);
 #: ``fragmentation``: place each pod where it strands the least GPU capacity for the
 #: workload seen in the cluster (FGD's idea, :mod:`scheduler.plugins.fragmentation`).
@@ -60,6 +69,13 @@ class PlacementSettings:
     #: sub-second budget before search started from the hint (measured: 500-node cycles at
     #: 0.5 s reached 94-97% of the bound with it, 99.9-100% without).
     presolve: bool = False
+    #: Take resources back (reclaim, preemption, consolidation, elastic shrink) for gangs
+    #: that placement alone cannot admit.
+    take_back: bool = True
+    #: At most this many pods moved by consolidation per cycle (KAI's default is 16 too).
+    consolidation_max_pods: int = 16
+    #: Pending gangs the take-back stage considers per cycle, in admission order.
+    take_back_gangs: int = 8
     #: Also optimise each priority below the frontier (else greedy backfill): the
     #: relaxation-guided pass, then a CP-SAT stage while the budget lasts. Off by default:
     #: on the 5,000-node benchmark (priorities 50,50,50,100) it raised the priority-50
@@ -85,6 +101,25 @@ class PodAssignment:
     gang: str
     node: str
     gpu_grant: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """One running pod to evict, and for whom.
+
+    Every pod of a victim gang is listed (gangs go whole), except for ``shrink``, which lists
+    only pods beyond ``minMember``. ``message`` is the sentence the victim's Event carries.
+    """
+
+    pod_uid: str
+    pod_key: str
+    gang: str
+    queue: str
+    node: str
+    action: EvictAction
+    #: Key of the pending gang this eviction makes room for.
+    for_gang: str
+    message: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,3 +164,9 @@ class Placement:
     #: Problems the validator found (empty = valid). A non-empty list never leaves the solver:
     #: it falls back to greedy, and to nothing if greedy is invalid too.
     violations: tuple[str, ...] = ()
+    #: Running pods to evict so that gangs of ``assignments`` fit.
+    evictions: tuple[Eviction, ...] = ()
+    #: Gang key -> uids of the evicted pods it waits for. The assignments of these gangs are
+    #: *nominations*: held on their nodes (nobody else may take the space) and bound only
+    #: once every pod listed here is gone.
+    waits_for: dict[str, tuple[str, ...]] = field(default_factory=dict)
