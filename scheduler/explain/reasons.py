@@ -89,6 +89,7 @@ class _Explainer:
         self.now = now if now is not None else FreeCapacity(snapshot, assignments)
         self._before: FreeCapacity | None = before
         self.charged: dict[str, dict[str, int]] = defaultdict(dict)
+        self.pinned: dict[str, dict[str, int]] = defaultdict(dict)  # non-preemptible part
         #: Leaf queue -> pods placed in it this cycle.
         self.placed_in: Counter[str] = Counter()
         by_uid = {p.uid: p for p in snapshot.pods} if assignments else {}
@@ -100,8 +101,12 @@ class _Explainer:
             self.placed_in[queue] += 1
             # The same charge the solver's queue book made when it admitted the pod.
             usage = pod_queue_usage(pod)
+            gang = snapshot.gang_by_key.get(pod.gang)
+            pinned = gang is not None and not gang.preemptible
             for q in self.tree.ancestors(queue) if queue in self.tree else [queue]:
                 add_usage(self.charged[q], usage)
+                if pinned:
+                    add_usage(self.pinned[q], usage)
         self._fit_cache: dict[tuple[object, ...], tuple[tuple[str, str] | None, str]] = {}
         #: gang class -> (code, message, names in the message) for the first gang of a class
         self._class_cache: dict[tuple[object, ...], tuple[str, str, list[str]]] = {}
@@ -157,6 +162,7 @@ class _Explainer:
             gang_request(to_place),
             preemptible=gang.preemptible,
             charged=self.charged,
+            charged_pinned=self.pinned,
         )
         if problem is not None:
             return problem

@@ -41,10 +41,12 @@ def queue_admission_problem(
     *,
     preemptible: bool,
     charged: Mapping[str, Mapping[str, int]] | None = None,
+    charged_pinned: Mapping[str, Mapping[str, int]] | None = None,
 ) -> tuple[str, str] | None:
     """(reason_code, message) when ``ask`` may not be admitted to ``queue``, else None.
 
-    ``charged`` maps queue name -> usage already admitted this cycle (leaf and ancestors).
+    ``charged`` maps queue name -> usage already admitted this cycle (leaf and ancestors);
+    ``charged_pinned`` the part of it that is non-preemptible.
     """
     chain = tree.ancestors(queue) if queue in tree else [queue]
     for name in chain:
@@ -68,21 +70,24 @@ def queue_admission_problem(
                 )
     if preemptible or queue not in tree:
         return None
-    q = tree.queues[queue]
-    status = report.queues.get(queue)
-    if status is None:
-        return None
-    extra = (charged or {}).get(queue, {})
-    for r, settings in q.resources:
-        need = ask.get(r, 0)
-        if need <= 0 or settings.quota == UNLIMITED:
+    # Non-preemptible work must fit the quota of its queue and of every ancestor, counting
+    # only non-preemptible usage there (preemptible work in the way can be taken back).
+    for name in chain:
+        status = report.queues.get(name)
+        if status is None or name not in tree:
             continue
-        used = status.allocated.get(r, 0) + extra.get(r, 0)
-        if used + need > settings.quota:
-            return (
-                OVER_QUOTA,
-                f"queue {queue}: non-preemptible work may only use quota ({r} "
-                f"{format_queue_amount(r, used)}/{format_queue_amount(r, settings.quota)}); "
-                f"the gang needs {format_queue_amount(r, need)} more",
-            )
+        extra = (charged_pinned or {}).get(name, {})
+        for r, settings in tree.queues[name].resources:
+            need = ask.get(r, 0)
+            if need <= 0 or settings.quota == UNLIMITED:
+                continue
+            used = status.allocated_non_preemptible.get(r, 0) + extra.get(r, 0)
+            if used + need > settings.quota:
+                return (
+                    OVER_QUOTA,
+                    f"queue {name}: non-preemptible work may only use quota ({r} "
+                    f"{format_queue_amount(r, used)}/{format_queue_amount(r, settings.quota)} "
+                    f"held by non-preemptible work); the gang needs "
+                    f"{format_queue_amount(r, need)} more",
+                )
     return None

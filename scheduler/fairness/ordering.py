@@ -1,7 +1,8 @@
 """Admission order of pending gangs, the way KAI walks its queues.
 
 Queues are compared by :func:`queue_sort_key` (lower first): queues below their fair share
-first, then the lower dominant-resource share (DRF, relative to fair share), then higher queue
+first, then the lower dominant-resource share (DRF, relative to fair share) with the queue's
+next gang added, then higher queue
 priority, then the older queue, then the name. The walk is hierarchical: pick the best root,
 then its best child, down to a leaf; take that leaf's best gang (higher priority, then older,
 then by key); charge the gang's ask to the leaf and all its ancestors as tentatively admitted;
@@ -39,10 +40,13 @@ def queue_sort_key(
         add_usage(after, dict(ask))
         below = status.within_fair_share(after)
     else:
+        after = dict(extra or {})
         below = status.below_fair_share(extra)
     return (
         0 if below else 1,
-        status.dominant_share(extra),
+        # Shares compared with the next gang added, as KAI does: a queue whose next gang is
+        # large yields to one whose next gang keeps it lower.
+        status.dominant_share(after),
         -status.priority,
         status.creation_time,
         status.name,

@@ -59,6 +59,9 @@ class QueueStatus:
     fair_share: dict[str, int] = field(default_factory=_zeros)
     allocated: dict[str, int] = field(default_factory=_zeros)
     requested: dict[str, int] = field(default_factory=_zeros)
+    #: The part of ``allocated`` held by non-preemptible gangs (KAI: only this counts
+    #: against quota when a non-preemptible gang asks; preemptible work can be reclaimed).
+    allocated_non_preemptible: dict[str, int] = field(default_factory=_zeros)
     quota: dict[str, int] = field(default_factory=_zeros)
     limit: dict[str, int] = field(default_factory=lambda: dict.fromkeys(QUEUE_RESOURCES, -1))
     priority: int = 100
@@ -268,14 +271,16 @@ def compute_fair_shares(snapshot: Snapshot) -> FairShareReport:
         healthy = name not in broken
         kids = tuple(tree.children(name)) if healthy else ()
         if kids:
-            allocated, requested = _zeros(), _zeros()
+            allocated, requested, pinned = _zeros(), _zeros(), _zeros()
             for k in _subtree(tree, name):
                 leaf = not tree.children(k)
                 for r in QUEUE_RESOURCES:
                     allocated[r] += usage.allocated[k][r]
+                    pinned[r] += usage.non_preemptible[k][r]
                     requested[r] += usage.allocated[k][r] + (usage.pending[k][r] if leaf else 0)
         else:
             allocated = dict(usage.allocated[name])
+            pinned = dict(usage.non_preemptible[name])
             requested = {
                 r: usage.allocated[name][r] + usage.pending[name][r] for r in QUEUE_RESOURCES
             }
@@ -284,6 +289,7 @@ def compute_fair_shares(snapshot: Snapshot) -> FairShareReport:
             fair_share=shares[name] if healthy else _zeros(),
             allocated=allocated,
             requested=requested,
+            allocated_non_preemptible=pinned,
             quota={r: q.resource(r).quota for r in QUEUE_RESOURCES},
             limit={r: q.resource(r).limit for r in QUEUE_RESOURCES},
             priority=q.priority,

@@ -35,6 +35,9 @@ class QueueUsage:
 
     allocated: defaultdict[str, dict[str, int]]
     pending: defaultdict[str, dict[str, int]]
+    #: The part of ``allocated`` held by non-preemptible gangs (what counts against quota
+    #: when a non-preemptible gang asks to be admitted).
+    non_preemptible: defaultdict[str, dict[str, int]]
 
 
 def add_usage(into: dict[str, int], amount: dict[str, int]) -> None:
@@ -56,6 +59,7 @@ def queue_usage(snapshot: Snapshot) -> QueueUsage:
     """
     allocated: defaultdict[str, dict[str, int]] = defaultdict(_zeros)
     pending: defaultdict[str, dict[str, int]] = defaultdict(_zeros)
+    non_preemptible: defaultdict[str, dict[str, int]] = defaultdict(_zeros)
     gangs = snapshot.gang_by_key
     for pod in snapshot.pods:
         if not pod.managed or not pod.active:
@@ -67,10 +71,16 @@ def queue_usage(snapshot: Snapshot) -> QueueUsage:
         else:
             continue
         gang = gangs.get(pod.gang)  # pod_queue, inlined: this loop sees every pod
-        row = into[gang.queue if gang is not None else pod.queue]
-        for r, v in pod_queue_usage(pod).items():
+        queue = gang.queue if gang is not None else pod.queue
+        row = into[queue]
+        use = pod_queue_usage(pod)
+        for r, v in use.items():
             row[r] += v
-    return QueueUsage(allocated, pending)
+        if into is allocated and gang is not None and not gang.preemptible:
+            np_row = non_preemptible[queue]
+            for r, v in use.items():
+                np_row[r] += v
+    return QueueUsage(allocated, pending, non_preemptible)
 
 
 def pending_pods(snapshot: Snapshot, gang: Gang) -> list[Pod]:

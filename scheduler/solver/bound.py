@@ -135,6 +135,7 @@ def admission_bound(
     report: FairShareReport,
     charged: Mapping[str, Mapping[str, int]],
     fair_weight: int,
+    pinned: Mapping[str, Mapping[str, int]] | None = None,
     time_limit: float,
     workers: int,
     cycle: int | None = None,
@@ -206,7 +207,7 @@ def admission_bound(
         per_kind = {of_kind[i]: c[s] for i, c in enumerate(counts) if c.get(s)}
         model.add(sum(placed[s]) == sum(k * x[first] for first, k in per_kind.items()))
 
-    for _, row_terms, cap in queue_rows(gangs, tree, report, charged):
+    for _, row_terms, cap in queue_rows(gangs, tree, report, charged, pinned):
         model.add(sum(a * x[i] for i, a in _by_kind(row_terms, of_kind)) <= max(0, cap))
     fair: list[cp_model.IntVar] = []
     for (q, r), room in fair_rooms(gangs, report, charged).items():

@@ -13,8 +13,9 @@ Data -> variables -> constraints -> objective -> solve -> read back:
   of its fair share.
 
 Constraints: per class, patterns use at most its nodes; per shape, pattern slots equal the
-pods of admitted gangs (so gangs are whole); queue limits at every level; the leaf quota
-for non-preemptible gangs; ``f`` bounded by the remaining fair share and the admitted work.
+pods of admitted gangs (so gangs are whole); queue limits at every level; the quota of
+every level for non-preemptible gangs (only non-preemptible usage counts); ``f`` bounded
+by the remaining fair share and the admitted work.
 
 Objective (maximise, lexicographic by integer weights; numbers in
 :class:`ObjectiveWeights`): ``K_A * (K_F * sum f + sum w_g y_g) + Q_off - sum dq z``,
@@ -192,6 +193,7 @@ def optimize(
     quality: bool = True,
     presolve: bool = False,
     charged: Mapping[str, Mapping[str, int]] | None = None,
+    pinned: Mapping[str, Mapping[str, int]] | None = None,
     admit_bound: int | None = None,
     scale: Scale | None = None,
     cycle: int | None = None,
@@ -200,7 +202,8 @@ def optimize(
 
     ``quality=False`` drops the placement-quality term (used when the greedy ranks nodes
     with a custom scorer whose notion of quality the model does not share). ``charged`` is
-    queue usage already admitted earlier in this cycle (by higher-priority stages).
+    queue usage already admitted earlier in this cycle (by higher-priority stages), ``pinned``
+    its non-preemptible part.
     ``admit_bound`` is an upper bound of the admission value over every valid placement
     (from :func:`scheduler.solver.bound.admission_bound`); the reported ``bound`` is
     derived from it (:class:`Scale`), 0 when it is not given (unknown).
@@ -300,8 +303,8 @@ def optimize(
         pods_of_s = [(c[s], y[i]) for i, c in enumerate(counts) if c.get(s)]
         model.add(sum(k * v for k, v in slots[s]) == sum(k * v for k, v in pods_of_s))
 
-    # queue limits at every level, non-preemptible quota at the leaf
-    for name, terms, cap in queue_rows(gangs, tree, report, charged):
+    # queue limits and non-preemptible quota at every level
+    for name, terms, cap in queue_rows(gangs, tree, report, charged, pinned):
         # a queue already past its limit takes nothing more (not "gives back")
         model.add(sum(a * y[i] for i, a in terms) <= max(0, cap)).with_name(name)
 

@@ -297,7 +297,7 @@ def place_gangs(
                 continue
             result.placed[gang.key] = done
             if book is not None:
-                book.charge(gang.queue, ask)
+                book.charge(gang.queue, ask, preemptible=gang.preemptible)
         if extras:
             for key, more in place_extras(index, gangs, set(result.placed), book).items():
                 result.placed.setdefault(key, []).extend(more)
@@ -329,7 +329,7 @@ def place_extras(
                 continue
             out.setdefault(gang.key, []).append(a)
             if book is not None:
-                book.charge(gang.queue, ask)
+                book.charge(gang.queue, ask, preemptible=gang.preemptible)
     return out
 
 

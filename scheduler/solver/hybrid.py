@@ -337,9 +337,10 @@ def improve(
                     out.append(a)
         for g in top:
             if g.key in now_admitted:
-                book.charge(g.queue, g.ask)
+                book.charge(g.queue, g.ask, preemptible=g.preemptible)
         for tier in tiers:
             before = {q: dict(row) for q, row in book.charged.items()}
+            pinned_before = {q: dict(row) for q, row in book.pinned.items()}
             classes = current_classes(state)
             back = place_gangs(
                 state, tier, scorer, book=book, extras=False, spread_devices=spread, cycle=cycle
@@ -348,7 +349,16 @@ def improve(
             plain = back
             if settings.lower_tier_stages and len(back.placed) < len(tier) and left > 0.02:
                 back = _guided_tier(
-                    snapshot, problem, state, tier, classes, before, back, book, scorer, left
+                    snapshot,
+                    problem,
+                    state,
+                    tier,
+                    classes,
+                    (before, pinned_before),
+                    back,
+                    book,
+                    scorer,
+                    left,
                 )
             chosen, chosen_admitted = back.assignments, set(back.placed)
             left = deadline - time.perf_counter()
@@ -361,17 +371,27 @@ def improve(
                     hint_admitted=set(back.placed),
                     time_limit=left,
                     charged=before,
+                    pinned=pinned_before,
                 )
                 if stage is not None and stage.usable and stage.objective > stage.greedy_objective:
                     for a in reversed(chosen):
                         state.release(a.pod_uid)
                     by_key = {g.key: g for g in tier}
                     for key in back.placed:
-                        book.charge(by_key[key].queue, by_key[key].ask, -1)
+                        book.charge(
+                            by_key[key].queue,
+                            by_key[key].ask,
+                            -1,
+                            preemptible=by_key[key].preemptible,
+                        )
                     chosen = _apply_patterns(state, stage.node_pods, spread)
                     chosen_admitted = set(stage.admitted)
                     for key in chosen_admitted:
-                        book.charge(by_key[key].queue, by_key[key].ask)
+                        book.charge(
+                            by_key[key].queue,
+                            by_key[key].ask,
+                            preemptible=by_key[key].preemptible,
+                        )
                     status = status or stage.status
                 elif stage is not None and back is not plain and stage.status == "OPTIMAL":
                     status = status or stage.status  # proved the guided answer optimal
@@ -399,7 +419,7 @@ def _guided_tier(
     state: ClusterState,
     tier: Sequence[GangRequest],
     classes: Sequence[ClassInfo],
-    before: Mapping[str, Mapping[str, int]],
+    charges: tuple[Mapping[str, Mapping[str, int]], Mapping[str, Mapping[str, int]]],
     back: GreedyResult,
     book: QueueBook,
     scorer: NodeScorer,
@@ -407,7 +427,9 @@ def _guided_tier(
 ) -> GreedyResult:
     """A lower tier's greedy backfill ``back`` (applied to ``state`` and charged to ``book``),
     or the relaxation-guided answer for the tier when that admits more (then applied and
-    charged instead). ``classes`` and ``before`` are the state and charges before ``back``."""
+    charged instead). ``classes`` and ``charges`` (all, non-preemptible) are the state and
+    charges before ``back``."""
+    before, pinned_before = charges
     gangs = [model_gang(g, False) for g in tier]
     spread = isinstance(scorer, PackingScorer) and scorer.gpu_strategy == "spread"
     relaxed = admission_bound(
@@ -416,6 +438,7 @@ def _guided_tier(
         tree=snapshot.queue_tree,
         report=problem.report,
         charged=before,
+        pinned=pinned_before,
         fair_weight=fair_weight(gangs),
         time_limit=min(0.1, left / 3),
         workers=1,
@@ -427,11 +450,12 @@ def _guided_tier(
         state.release(a.pod_uid)
     tier_book = QueueBook(snapshot.queue_tree, problem.report)
     tier_book.charged = {q: dict(row) for q, row in before.items()}
+    tier_book.pinned = {q: dict(row) for q, row in pinned_before.items()}
     guided = place_guided(
         state, tier, set(relaxed.admitted), set(), scorer, tier_book, spread_devices=spread
     )
     if admission_value(gangs, set(guided.placed), problem.report, before) > value:
-        book.charged = tier_book.charged
+        book.charged, book.pinned = tier_book.charged, tier_book.pinned
         return guided
     for a in reversed(guided.assignments):
         state.release(a.pod_uid)

@@ -22,19 +22,31 @@ class QueueBook:
         self.tree = tree
         self.report = report
         self.charged: dict[str, dict[str, int]] = {}
+        #: The non-preemptible part of ``charged``.
+        self.pinned: dict[str, dict[str, int]] = {}
 
     def problem(
         self, queue: str, ask: Mapping[str, int], *, preemptible: bool
     ) -> tuple[str, str] | None:
         """(reason_code, message) if admitting ``ask`` to ``queue`` breaks a limit or quota."""
         return queue_admission_problem(
-            self.tree, self.report, queue, ask, preemptible=preemptible, charged=self.charged
+            self.tree,
+            self.report,
+            queue,
+            ask,
+            preemptible=preemptible,
+            charged=self.charged,
+            charged_pinned=self.pinned,
         )
 
-    def charge(self, queue: str, ask: Mapping[str, int], sign: int = 1) -> None:
+    def charge(
+        self, queue: str, ask: Mapping[str, int], sign: int = 1, *, preemptible: bool = True
+    ) -> None:
         """Add (``sign`` = 1) or remove (-1) ``ask`` on the queue and all its ancestors."""
         chain = self.tree.ancestors(queue) if queue in self.tree else [queue]
-        for name in chain:
-            row = self.charged.setdefault(name, dict.fromkeys(QUEUE_RESOURCES, 0))
-            for r in QUEUE_RESOURCES:
-                row[r] += sign * ask.get(r, 0)
+        books = (self.charged,) if preemptible else (self.charged, self.pinned)
+        for book in books:
+            for name in chain:
+                row = book.setdefault(name, dict.fromkeys(QUEUE_RESOURCES, 0))
+                for r in QUEUE_RESOURCES:
+                    row[r] += sign * ask.get(r, 0)

@@ -46,8 +46,11 @@ def queue_rows(
     tree: QueueTree,
     report: FairShareReport,
     charged: Mapping[str, Mapping[str, int]],
+    pinned: Mapping[str, Mapping[str, int]] | None = None,
 ) -> list[tuple[str, list[tuple[int, int]], int]]:
-    """(name, [(gang index, amount)], capacity) rows for limits and non-preemptible quota."""
+    """(name, [(gang index, amount)], capacity) rows for limits at every level, and for the
+    quota of every level against non-preemptible gangs, where only non-preemptible usage
+    counts (``pinned``: the non-preemptible part of ``charged``)."""
     rows: list[tuple[str, list[tuple[int, int]], int]] = []
     by_queue: dict[str, list[int]] = {}
     for i, g in enumerate(gangs):
@@ -73,12 +76,11 @@ def queue_rows(
             terms = [
                 (i, gangs[i].ask.get(r, 0))
                 for i in idx
-                if gangs[i].request.queue == q
-                and not gangs[i].request.preemptible
-                and gangs[i].ask.get(r, 0) > 0
+                if not gangs[i].request.preemptible and gangs[i].ask.get(r, 0) > 0
             ]
             if terms:
-                used = status.allocated.get(r, 0) + charged.get(q, {}).get(r, 0)
+                used = status.allocated_non_preemptible.get(r, 0)
+                used += (pinned or {}).get(q, {}).get(r, 0)
                 rows.append((f"quota_{q}_{r}", terms, settings.quota - used))
     return rows
 

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 
 import structlog
 
+from scheduler.cluster.queue import pod_queue_usage
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.explain import explain_unplaced
 from scheduler.explain.capacity import FreeCapacity, NodeGroup
@@ -56,7 +57,9 @@ from scheduler.solver.placement import (
 from scheduler.solver.problem import Problem, build_problem
 from scheduler.solver.queues import QueueBook
 from scheduler.solver.state import ClusterState
+from scheduler.solver.takeback import TakeBack, take_back
 from scheduler.solver.validate import validate
+from scheduler.solver.validate_evictions import validate_evictions
 
 __all__ = ["solve", "solve_in_thread"]
 
@@ -153,14 +156,24 @@ def solve(
         all_violations.extend(violations)
         log.error("placement_invalid", cycle=cycle, engine=engine.value, violations=violations[:20])
     lap("validate")
-    explain_started = time.perf_counter()
     held = cp_assignments if cp_assignments is not None else greedy_list
-    now, before = _capacities(state, initial, held, assignments)
-    outcomes = _outcomes(problem, assignments, now, before)
+    in_step = _bring_to(state, held, assignments)
+    taken = TakeBack()
+    if in_step and settings.take_back and len({a.gang for a in assignments}) < len(problem.order):
+        backed = _take_back(snapshot, problem, state, assignments, settings, scorer, cycle)
+        taken = backed or TakeBack()
+        in_step = backed is not None
+    lap("take_back")
+    explain_started = time.perf_counter()
+    final = [*assignments, *taken.assignments]
+    now, before = _capacities(state, initial) if in_step else (None, None)
+    outcomes = _outcomes(problem, final, now, before)
     explain_seconds = time.perf_counter() - explain_started
     lap("explain")
     placement = Placement(
-        assignments=tuple(assignments),
+        assignments=tuple(final),
+        evictions=tuple(taken.evictions),
+        waits_for=dict(taken.waits_for),
         outcomes=outcomes,
         status=status,
         objective=_reported_objective(cp, hybrid=assignments is cp_assignments),
@@ -178,7 +191,8 @@ def solve(
         status=placement.status.value,
         gangs=len(problem.pending),
         placed=sum(1 for o in outcomes.values() if o.placed),
-        pods=len(assignments),
+        pods=len(final),
+        evicted=len(taken.evictions),
         seconds=round(time.perf_counter() - started, 4),
         phases=phases,
     )
@@ -197,28 +211,82 @@ def _reported_objective(cp: CpResult | None, *, hybrid: bool) -> int:
     return cp.greedy_objective
 
 
-def _capacities(
-    state: ClusterState,
-    initial: Sequence[ClassInfo],
-    applied: Sequence[PodAssignment],
-    final: Sequence[PodAssignment],
-) -> tuple[FreeCapacity | None, FreeCapacity | None]:
-    """Free capacity after ``final`` and before the cycle, from the node classes the solver
-    already has (``state`` holds ``applied``; usually ``final`` itself), so the explainer
-    recomputes nothing per node.
+def _bring_to(
+    state: ClusterState, applied: Sequence[PodAssignment], final: Sequence[PodAssignment]
+) -> bool:
+    """Make ``state`` (which holds ``applied``) hold ``final`` instead; False when it cannot
+    (then the state must not be used again)."""
+    if final is applied:
+        return True
+    try:
+        for a in reversed(applied):
+            state.release(a.pod_uid)
+        for a in final:
+            state.apply(a)
+    except (KeyError, ValueError):
+        log.exception("explain_state_failed")
+        return False
+    return True
 
-    (None, None) when ``state`` cannot be brought to ``final``: the explainer then works
-    from the snapshot.
-    """
-    if final is not applied:
-        try:
-            for a in reversed(applied):
-                state.release(a.pod_uid)
-            for a in final:
-                state.apply(a)
-        except (KeyError, ValueError):
-            log.exception("explain_state_failed")
-            return None, None
+
+def _take_back(
+    snapshot: Snapshot,
+    problem: Problem,
+    state: ClusterState,
+    assignments: Sequence[PodAssignment],
+    settings: PlacementSettings,
+    scorer: NodeScorer | None,
+    cycle: int | None,
+) -> TakeBack | None:
+    """The take-back stage on the placed ``state``, checked by the validators. None when it
+    failed or its answer was invalid (dropped whole); ``state`` is then not to be trusted."""
+    book = QueueBook(snapshot.queue_tree, problem.report)
+    gangs = snapshot.gang_by_key
+    pods = {p.uid: p for p in snapshot.pods} if assignments else {}
+    for a in assignments:
+        gang = gangs.get(a.gang)
+        if gang is not None:
+            book.charge(gang.queue, pod_queue_usage(pods[a.pod_uid]), preemptible=gang.preemptible)
+    admitted = {a.gang for a in assignments}
+    try:
+        taken = take_back(
+            snapshot,
+            problem.report,
+            problem.order,
+            admitted,
+            state,
+            book,
+            settings,
+            scorer,
+            cycle=cycle,
+        )
+    except Exception:  # taking back is an extra: its failure must not cost the placement
+        log.exception("take_back_failed", cycle=cycle)
+        return None
+    if not taken.evictions:
+        return taken
+    evicted = {e.pod_uid for e in taken.evictions}
+    violations = validate(snapshot, [*assignments, *taken.assignments], evicted=evicted)
+    violations += validate_evictions(
+        snapshot,
+        problem.report,
+        assignments,
+        taken.assignments,
+        taken.evictions,
+        taken.waits_for,
+        settings,
+    )
+    if violations:
+        log.error("take_back_invalid", cycle=cycle, violations=violations[:20])
+        return None
+    return taken
+
+
+def _capacities(
+    state: ClusterState, initial: Sequence[ClassInfo]
+) -> tuple[FreeCapacity | None, FreeCapacity | None]:
+    """Free capacity after this cycle's decisions (``state``) and before the cycle, from the
+    node classes the solver already has, so the explainer recomputes nothing per node."""
     off: list[NodeGroup] = [
         (slot.node, slot.free.items(), slot.gpu_free, 1, False)
         for slot in state.nodes.values()

@@ -323,6 +323,14 @@ class ClusterState:
         self._join(slot)
         return assignment
 
+    def restore_bound(self, pod: Pod) -> None:
+        """Undo :meth:`release` of a pod bound in the snapshot (its node and grant as bound)."""
+        self.apply(
+            PodAssignment(pod.uid, pod.key, pod.gang, pod.node_name or "", pod.gpu_grant), pod
+        )
+        del self.placed[pod.uid]
+        self.bound[pod.uid] = pod
+
     def grant_for(
         self, pod: Pod, node: str, *, spread: bool = False
     ) -> tuple[tuple[int, int], ...] | None:

@@ -5,20 +5,20 @@ greedy): it recomputes everything from the snapshot and the domain types, so a b
 engines cannot hide itself. Checks: pods are pending and placed once; nodes exist, are Ready
 and schedulable; taints, nodeSelector and required affinity; every resource of every node;
 device grants (right count, distinct devices, right share, no device over 1000 thousandths);
-gang completeness (min_member or none); queue limits at every level; quota of the leaf queue
-for non-preemptible gangs.
+gang completeness (min_member or none); queue limits at every level; quota of every level
+for non-preemptible gangs, against non-preemptible usage only.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import networkx as nx
 
 from scheduler.cluster.node import GPU_MILLI
 from scheduler.cluster.pod import Pod
-from scheduler.cluster.queue import QUEUE_RESOURCES, UNLIMITED, pod_queue_usage
+from scheduler.cluster.queue import QUEUE_RESOURCES, UNLIMITED, QueueTree, pod_queue_usage
 from scheduler.cluster.resources import GPU, PODS
 from scheduler.cluster.snapshot import Snapshot, bound_usage
 from scheduler.solver.placement import PodAssignment
@@ -40,8 +40,17 @@ def _expected_grant(pod: Pod, node_gpu_memory: int | None) -> tuple[int, int] | 
     return 0, 0
 
 
-def validate(snapshot: Snapshot, assignments: Sequence[PodAssignment]) -> list[str]:
-    """Every rule the placement breaks, as messages naming pod/node/gang/queue (empty = ok)."""
+def validate(
+    snapshot: Snapshot,
+    assignments: Sequence[PodAssignment],
+    *,
+    evicted: Collection[str] = (),
+) -> list[str]:
+    """Every rule the placement breaks, as messages naming pod/node/gang/queue (empty = ok).
+
+    ``evicted``: uids of running pods this cycle evicts; what they hold counts as free (the
+    gangs placed in their room are held until they are gone).
+    """
     out: list[str] = []
     pods = {p.uid: p for p in snapshot.pods}
     nodes = snapshot.node_by_name
@@ -49,6 +58,17 @@ def validate(snapshot: Snapshot, assignments: Sequence[PodAssignment]) -> list[s
     # sub-snapshot, so a 5,000-node cycle does not pay for nodes it leaves alone.
     touched = {a.node for a in assignments if a.node in nodes}
     used, gpu_free, pod_count, _ = bound_usage(snapshot, touched)
+    for uid in evicted:
+        victim = pods.get(uid)
+        if victim is None or victim.node_name not in touched or not victim.active:
+            continue
+        name = victim.node_name
+        for r, v in victim.requests.items():
+            used[name][r] = used[name].get(r, 0) - v
+        pod_count[name] -= 1
+        for i, milli in victim.gpu_grant:
+            if 0 <= i < len(gpu_free[name]):
+                gpu_free[name][i] += milli
 
     added: dict[str, dict[str, int]] = defaultdict(dict)
     added_pods: dict[str, int] = defaultdict(int)
@@ -134,12 +154,16 @@ def validate(snapshot: Snapshot, assignments: Sequence[PodAssignment]) -> list[s
         if gang is None:
             out.append(f"gang {key}: not in the snapshot")
             continue
-        running = sum(1 for p in snapshot.pods_by_gang.get(key, []) if p.bound and p.active)
+        running = sum(
+            1
+            for p in snapshot.pods_by_gang.get(key, [])
+            if p.bound and p.active and p.uid not in evicted
+        )
         need = max(0, gang.min_member - running)
         if count < need:
             out.append(f"gang {key}: {count} pods placed, needs at least {need} (all or none)")
 
-    out.extend(_queue_violations(snapshot, placed))
+    out.extend(_queue_violations(snapshot, placed, evicted))
     return out
 
 
@@ -148,7 +172,9 @@ def _queue_of(snapshot: Snapshot, pod: Pod) -> str:
     return gang.queue if gang is not None else pod.queue
 
 
-def _queue_violations(snapshot: Snapshot, placed: list[tuple[Pod, PodAssignment]]) -> list[str]:
+def _queue_violations(
+    snapshot: Snapshot, placed: list[tuple[Pod, PodAssignment]], evicted: Collection[str]
+) -> list[str]:
     tree = snapshot.queue_tree
     # Only queues with a limit or quota on the way up from a queue that received pods need
     # their current usage; only leaves below those matter.
@@ -178,19 +204,21 @@ def _queue_violations(snapshot: Snapshot, placed: list[tuple[Pod, PodAssignment]
                 bounded.add(q)
     relevant = {leaf for q in bounded for leaf in (q, *nx.descendants(tree.graph, q))}
     by_leaf: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
+    np_by_leaf: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
     for p in snapshot.pods if relevant else ():
-        if p.node_name is None or not p.managed or not p.active:
+        if p.node_name is None or not p.managed or not p.active or p.uid in evicted:
             continue
         queue = _queue_of(snapshot, p)
         if queue in relevant:
             row = by_leaf[queue]
+            gang = snapshot.gang_by_key.get(p.gang)
+            np_row = np_by_leaf[queue] if gang is not None and not gang.preemptible else None
             for r, v in pod_queue_usage(p).items():
                 row[r] += v
-    before: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
-    for leaf, use in by_leaf.items():
-        for q in tree.ancestors(leaf) if leaf in tree else []:
-            for r, v in use.items():
-                before[q][r] += v
+                if np_row is not None:
+                    np_row[r] += v
+    before = _up_the_tree(tree, by_leaf)
+    before_np = _up_the_tree(tree, np_by_leaf)
     new: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
     for leaf, use in new_by_leaf.items():
         for q in tree.ancestors(leaf):
@@ -202,12 +230,26 @@ def _queue_violations(snapshot: Snapshot, placed: list[tuple[Pod, PodAssignment]
             limit = queue_obj.resource(r).limit
             if use[r] > 0 and limit != UNLIMITED and before[q][r] + use[r] > limit:
                 out.append(f"queue {q}: {r} limit exceeded ({before[q][r] + use[r]} > {limit})")
-    for q, use in new_np.items():
+    # Non-preemptible work fits the quota of its queue and of every ancestor, counting only
+    # non-preemptible usage (preemptible work in the way can be taken back).
+    for q, use in _up_the_tree(tree, new_np).items():
         for r, settings in tree.queues[q].resources:
-            over = before[q][r] + use.get(r, 0) > settings.quota
+            over = before_np[q][r] + use.get(r, 0) > settings.quota
             if use.get(r, 0) > 0 and settings.quota != UNLIMITED and over:
                 out.append(
                     f"queue {q}: non-preemptible work over {r} quota "
-                    f"({before[q][r] + use[r]} > {settings.quota})"
+                    f"({before_np[q][r] + use[r]} > {settings.quota})"
                 )
+    return out
+
+
+def _up_the_tree(
+    tree: QueueTree, by_leaf: Mapping[str, Mapping[str, int]]
+) -> defaultdict[str, dict[str, int]]:
+    """Per-leaf usage summed into every queue on the way to the root."""
+    out: defaultdict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
+    for leaf, use in by_leaf.items():
+        for q in tree.ancestors(leaf) if leaf in tree else []:
+            for r, v in use.items():
+                out[q][r] += v
     return out

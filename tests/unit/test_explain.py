@@ -185,9 +185,10 @@ CASES = {
         [node("n1")],
         [pod("run-0", "run", gpus=4, on="n1"), pod("job-0", "job", gpus=1)],
         "OverQuota",
-        "queue team-a: non-preemptible work may only use quota (gpu 4/4); the gang needs 1 more",
+        "queue team-a: non-preemptible work may only use quota (gpu 4/4 held by non-preemptible "
+        "work); the gang needs 1 more",
         queues=queues(QueueResource(4000, 1, UNLIMITED)),
-        gangs={"job": (1, "team-a", False)},
+        gangs={"job": (1, "team-a", False), "run": (1, "team-a", False)},
     ),
     "no node matches nodeSelector": Case(
         [node("n1", labels=(("gpu-type", "a100"),))],
@@ -323,6 +324,14 @@ def test_every_code_is_covered() -> None:
 def test_preemptible_gang_may_exceed_quota() -> None:
     case = CASES["non-preemptible over quota"]
     assert run(Case(case.nodes, case.pods, "", "", queues=case.queues))[0] == "NotPlacedThisCycle"
+
+
+def test_preemptible_usage_does_not_count_against_quota_for_non_preemptible_work() -> None:
+    """KAI's rule: preemptible work in the queue can be taken back, so it does not block."""
+    case = CASES["non-preemptible over quota"]
+    gangs = {"job": (1, "team-a", False), "run": (1, "team-a", True)}
+    got = run(Case(case.nodes, case.pods, "", "", queues=case.queues, gangs=gangs))
+    assert got[0] != "OverQuota"
 
 
 def test_explains_many_gangs_on_many_nodes_quickly() -> None:

@@ -139,7 +139,9 @@ def test_weights_interleave_admission() -> None:
     jobs = [job("a", f"a{i}") for i in range(8)] + [job("b", f"b{i}") for i in range(8)]
     snap = snapshot([queue("a", weight=2), queue("b", weight=1)], jobs)
     got = order(snap)
-    assert got[:6] == ["a0", "b0", "a1", "a2", "b1", "a3"]
+    # Shares are compared with the next gang added (KAI): a at 2/8 ties b at 1/4 (a wins on
+    # name), then a at 3/8 loses to b at 1/4.
+    assert got[:6] == ["a0", "a1", "b0", "a2", "a3", "b1"]
     assert len(got) == 16 and sorted(got) == sorted(f"{x}{i}" for x in "ab" for i in range(8))
 
 
@@ -162,16 +164,19 @@ def test_queue_priority_and_age_break_ties() -> None:
 
 
 def test_below_fair_share_first_then_drf() -> None:
-    # a already holds its fair share; b holds nothing: b's gangs go first
+    # a holds 6 of its fair share of 7; b holds nothing: b's gangs go first
     running = [job("a", f"run{i}", bound=1) for i in range(6)]
     jobs = [
         *running,
         job("a", "a-next", created=0),
         job("b", "b1", created=5),
         job("b", "b2", created=6),
+        job("b", "b3", created=7),
     ]
     snap = snapshot([queue("a"), queue("b")], jobs, gpus=12)
-    assert order(snap) == ["b1", "b2", "a-next"]
+    # With its next gang a is at 7/7 of its share; b at 1/3, then 2/3, then 3/3 (a tie,
+    # broken by name).
+    assert order(snap) == ["b1", "b2", "a-next", "b3"]
 
 
 def test_hierarchy_compares_each_level() -> None:
@@ -185,8 +190,10 @@ def test_hierarchy_compares_each_level() -> None:
     ]
     jobs = [job(t, f"{t}-{i}") for t in ("t1", "t2", "t3") for i in range(4)]
     got = order(snapshot(queues, jobs, gpus=8))
-    # dept1 deserves 6 GPUs, dept2 2; t1/t2 alternate inside dept1
-    assert got[:5] == ["t1-0", "t3-0", "t2-0", "t1-1", "t2-1"]
+    # dept1 deserves 6 GPUs, dept2 2; t1/t2 alternate inside dept1. With the next gang
+    # added, dept1 is at 1/6, 2/6, 3/6 while dept2 would be at 1/2: dept1 takes three turns
+    # (the tie at 3/6 goes by name), then dept2 one.
+    assert got[:5] == ["t1-0", "t2-0", "t1-1", "t3-0", "t2-1"]
     assert got.index("t3-1") < got.index("t3-2")
 
 
@@ -205,7 +212,10 @@ def test_excluded_and_non_pending_gangs() -> None:
 
 
 def test_running_members_count_as_allocated() -> None:
-    # a 4-member gang with 3 running: a holds 3 of its 5 GPU share, b holds none of its 1
+    # a 4-member gang with 3 running: a holds 3 of its 5 GPU share, b holds none of its 1.
+    # With its next gang added a is at 4/5 and b at 1/1: a's gang goes first; then a at
+    # 5/5 ties b at 1/1 (by name: a2)
     jobs = [job("a", "big", members=4, bound=3), job("a", "a2", created=1), job("b", "b1")]
     snap = snapshot([queue("a"), queue("b")], jobs, gpus=12)
-    assert order(snap) == ["b1", "big", "a2"]
+    assert order(snap) == ["big", "a2", "b1"]
+

@@ -163,7 +163,7 @@ def test_higher_priority_gang_wins_over_many_lower(settings: PlacementSettings) 
 
 @BOTH
 def test_non_preemptible_work_stays_within_quota(settings: PlacementSettings) -> None:
-    queues = [make_queue("root"), make_queue("a", "root", gpu_quota=2)]
+    queues = [make_queue("root", gpu_quota=8), make_queue("a", "root", gpu_quota=2)]
     nodes = [make_node("n0")]
     strict = [make_gang(f"np{i}", 1, queue="a", gpus=1, priority=100, created=i) for i in range(4)]
     loose = [
@@ -175,6 +175,33 @@ def test_non_preemptible_work_stays_within_quota(settings: PlacementSettings) ->
     assert {"p0", "p1", "p2"} <= names
     refused = [o for k, o in result.outcomes.items() if "np" in k and not o.placed]
     assert {o.reason_code for o in refused} == {"OverQuota"}
+
+
+@BOTH
+def test_non_preemptible_work_stays_within_every_ancestors_quota(
+    settings: PlacementSettings,
+) -> None:
+    """KAI's rule: the quota of the leaf and of each parent; only non-preemptible usage
+    counts against it, so preemptible work already running does not block."""
+    queues = [make_queue("root", gpu_quota=1), make_queue("a", "root", gpu_quota=4)]
+    nodes = [make_node("n0")]
+    running = [
+        make_pod(
+            "r0",
+            gang="r0",
+            queue="a",
+            gpus=4,
+            priority=50,
+            node="n0",
+            grant=tuple((d, 1000) for d in range(4)),
+        )
+    ]
+    strict = [make_gang(f"np{i}", 1, queue="a", gpus=1, priority=100, created=i) for i in range(3)]
+    result = run(snapshot(nodes, queues, strict, running), settings)
+    assert len([n for n in placed(result) if n.startswith("np")]) == 1
+    refused = [o for k, o in result.outcomes.items() if not o.placed]
+    assert {o.reason_code for o in refused} == {"OverQuota"}
+    assert all("queue root" in o.reason for o in refused)
 
 
 @BOTH

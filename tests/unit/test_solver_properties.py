@@ -7,13 +7,16 @@ The checks here are written from scratch against the domain types (not via
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.bench.synthetic import make_gang, make_node, make_pod, make_queue
 from scheduler.cluster import GPU, Gang, Pod, Snapshot, Taint, Toleration, pod_queue_usage
+from scheduler.fairness import compute_fair_shares
 from scheduler.solver import Placement, PlacementSettings, solve, validate
+from scheduler.solver.validate_evictions import validate_evictions
 
 TAINT = Taint("dedicated", "x")
 TOLERATION = Toleration("dedicated", "Equal", "x")
@@ -80,8 +83,11 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
     return Snapshot(tuple(nodes), tuple(pods), tuple(all_gangs), tuple(queues))
 
 
-def check(snap: Snapshot, placement: Placement) -> None:
-    pods = {p.uid: p for p in snap.pods}
+def check(full: Snapshot, placement: Placement) -> None:
+    pods = {p.uid: p for p in full.pods}
+    # Evicted pods leave: what they hold is where the gangs waiting for them go.
+    gone = {e.pod_uid for e in placement.evictions}
+    snap = replace(full, pods=tuple(p for p in full.pods if p.uid not in gone))
     nodes = snap.node_by_name
     states = snap.node_states()
     load: dict[str, Counter[str]] = defaultdict(Counter)
@@ -149,7 +155,20 @@ def test_placements_respect_every_hard_rule(
     )
     placement = solve(snap, settings_)
     check(snap, placement)
-    assert validate(snap, placement.assignments) == []
+    evicted = {e.pod_uid for e in placement.evictions}
+    assert validate(snap, placement.assignments, evicted=evicted) == []
+    nominated = [a for a in placement.assignments if a.gang in placement.waits_for]
+    plain = [a for a in placement.assignments if a.gang not in placement.waits_for]
+    found = validate_evictions(
+        snap,
+        compute_fair_shares(snap),
+        plain,
+        nominated,
+        placement.evictions,
+        placement.waits_for,
+        settings_,
+    )
+    assert found == []
     assert not placement.violations
     pending = {g.key for g in snap.gangs if any(p.pending for p in snap.pods_by_gang[g.key])}
     assert set(placement.outcomes) == pending

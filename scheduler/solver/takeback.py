@@ -1,0 +1,622 @@
+"""Taking back: evict running work so a pending gang fits (reclaim, preemption, consolidation,
+elastic shrink).
+
+Runs after placement, on the gangs placement left out, in admission order (priority, then
+fairness), at most ``take_back_gangs`` per cycle. For each gang one CP-SAT model over the
+nodes that could host it:
+
+- columns: ``x[n, s]`` pods of the gang's shape ``s`` on node ``n``; ``e[u]`` evict unit
+  ``u`` (:mod:`.victims`: a whole running gang, or one elastic pod beyond minMember);
+  ``m[u]`` move unit ``u`` (consolidation: evicted and placed again in this model, on
+  columns ``y[n, u, s]``);
+- rows: every pod of the gang placed; per node and resource, what is placed fits in what is
+  free plus what evicted or moved units free there; whole GPUs only on devices that are
+  free or freed entirely (``w[d]``), shares within the freed thousandths; a unit is evicted
+  or moved or kept, a shrink never together with its whole gang; PodDisruptionBudgets; per
+  victim branch of the queue tree, what is reclaimed stays within its excess over fair
+  share; moved pods at most ``consolidation_max_pods`` per cycle;
+- objective (minimise): whole gangs evicted, lower priority first; then GPU-seconds lost
+  (:meth:`.victims.Unit.work`). Moves cost their GPU-seconds only, so moving a pod is
+  preferred to evicting a gang, and shrinking an elastic gang to minMember to either.
+
+The model is solved with a hint from the greedy choice (cheapest units first, then the
+ones not needed dropped) and falls back to it. The chosen pods are placed on a
+:class:`ClusterState` with real device grants; a gang whose pods do not pack after all is
+left for the next cycle. Everything returned is checked again by
+:func:`scheduler.solver.validate.validate_evictions`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+from ortools.sat.python import cp_model
+
+from scheduler.cluster.node import GPU_MILLI
+from scheduler.cluster.pod import Pod
+from scheduler.cluster.snapshot import Snapshot
+from scheduler.fairness import FairShareReport
+from scheduler.fairness.admission import format_queue_amount
+from scheduler.framework.scoring import NodeScorer
+from scheduler.solver.greedy import GangRequest, place_gangs, pod_size, shape_key
+from scheduler.solver.placement import EvictAction, Eviction, PlacementSettings, PodAssignment
+from scheduler.solver.queues import QueueBook
+from scheduler.solver.state import ClusterState
+from scheduler.solver.victims import (
+    Unit,
+    action_for,
+    branch_pair,
+    build_units,
+    dominant,
+    fair,
+    may_evict,
+    used,
+    victim_rooms,
+)
+
+__all__ = ["TakeBack", "take_back"]
+
+log = structlog.get_logger(__name__)
+
+#: Nodes in one gang's model at most (those with free room first, then those whose victims
+#: cost least per GPU freed).
+MAX_MODEL_NODES = 256
+
+
+@dataclass
+class TakeBack:
+    """What the stage decided: placements (nominations), evictions, and per gang the pods it
+    waits for."""
+
+    assignments: list[PodAssignment] = field(default_factory=list)
+    evictions: list[Eviction] = field(default_factory=list)
+    waits_for: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Pending gang -> why it could not take anything back (for the explainer).
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Choice:
+    evict: dict[int, EvictAction]  # unit id -> action
+    move: set[int]
+
+
+def take_back(
+    snapshot: Snapshot,
+    report: FairShareReport,
+    order: Sequence[GangRequest],
+    admitted: set[str],
+    state: ClusterState,
+    book: QueueBook,
+    settings: PlacementSettings,
+    scorer: NodeScorer | None = None,
+    *,
+    cycle: int | None = None,
+) -> TakeBack:
+    """Evict for the gangs of ``order`` not in ``admitted`` (see module docstring).
+
+    ``state`` holds this cycle's placements and ``book`` their queue charges; both are
+    updated with what this stage decides (victims released, gangs placed).
+    """
+    out = TakeBack()
+    if not settings.take_back:
+        return out
+    started = time.perf_counter()
+    deadline = started + max(0.2, settings.time_limit_seconds)
+    now = snapshot.now
+    units = build_units(snapshot)
+    if not units:
+        return out
+    gangs = snapshot.gang_by_key
+    taken: set[int] = set()  # units already evicted or moved this cycle
+    taken_gangs: set[str] = set()
+    moved_pods = 0
+    pdb_used: Counter[str] = Counter()
+    tried = 0
+    for g in order:
+        if not g.required or g.key in admitted or tried >= settings.take_back_gangs:
+            continue
+        gang = gangs.get(g.key)
+        if gang is None:
+            continue
+        why = may_evict(gang, now)
+        if why is not None:
+            out.refused[g.key] = why
+            continue
+        tried += 1
+        left = deadline - time.perf_counter()
+        if left <= 0.01:
+            break
+        actions: dict[int, EvictAction] = {}
+        for u in units:
+            if u.id in taken or u.gang in taken_gangs:
+                continue
+            act = action_for(g, u, snapshot.queue_tree, report, book.charged, now)
+            if act is not None:
+                actions[u.id] = act
+        movable = [
+            u
+            for u in units
+            if u.whole
+            and u.id not in taken
+            and u.gang not in taken_gangs
+            and u.id not in actions
+            and len(u.pods) <= settings.consolidation_max_pods - moved_pods
+            and now - u.started >= snapshot.queue_tree.min_runtime(u.queue, "preempt")
+        ]
+        if not actions and not movable:
+            out.refused[g.key] = "no running work may be taken for it"
+            continue
+        found = _solve_one(
+            snapshot,
+            g,
+            units,
+            actions,
+            movable,
+            state,
+            book,
+            pdb_used,
+            settings.consolidation_max_pods - moved_pods,
+            left / max(1, settings.take_back_gangs - tried + 1),
+            settings.workers,
+            greedy_only=settings.greedy_only,
+        )
+        if found is None:
+            out.refused[g.key] = "evicting what it may take would not make room"
+            continue
+        if not found.evict and not found.move:
+            continue  # it fits as things are: placement left it out for another reason
+        for i in found.evict:
+            book.charge(units[i].queue, units[i].usage, -1)
+        problem = book.problem(g.queue, g.ask, preemptible=g.preemptible)
+        for i in found.evict:
+            book.charge(units[i].queue, units[i].usage)
+        if problem is not None:
+            out.refused[g.key] = problem[1]
+            continue
+        placed = _apply(snapshot, g, units, found, state, scorer, settings)
+        if placed is None:
+            out.refused[g.key] = "the pods it would free do not pack the gang"
+            continue
+        assignments, moves = placed
+        book.charge(g.queue, g.ask, preemptible=g.preemptible)
+        uids: list[str] = []
+        for uid_, act in sorted(found.evict.items()):
+            u = units[uid_]
+            book.charge(u.queue, u.usage, -1)
+            out.evictions += _evictions(snapshot, report, book, g, u, act)
+            uids += [p.uid for p in u.pods]
+            taken.add(u.id)
+            if u.whole:
+                taken_gangs.add(u.gang)
+        for uid_ in sorted(found.move):
+            u = units[uid_]
+            out.evictions += _evictions(snapshot, report, book, g, u, "consolidate")
+            uids += [p.uid for p in u.pods]
+            taken.add(u.id)
+            taken_gangs.add(u.gang)
+            moved_pods += len(u.pods)
+        for b in snapshot.budgets:
+            pdb_used[b.key] += sum(1 for p in b.pod_uids if p in set(uids))
+        out.assignments += assignments
+        out.waits_for[g.key] = tuple(uids)
+        admitted.add(g.key)
+        log.info(
+            "taken_back",
+            cycle=cycle,
+            gang=g.key,
+            queue=g.queue,
+            evicted=sorted({units[i].gang for i in found.evict}),
+            moved=sorted({units[i].gang for i in found.move}),
+            pods=len(uids),
+            placed_moves=moves,
+        )
+    log.debug("take_back_done", cycle=cycle, seconds=round(time.perf_counter() - started, 4))
+    return out
+
+
+# --- the model ------------------------------------------------------------------------------
+
+
+def _held(state: ClusterState, u: Unit) -> dict[str, tuple[dict[str, int], dict[int, int]]]:
+    """Per node: resources (incl. the pod count) and device thousandths ``u`` frees there."""
+    out: dict[str, tuple[dict[str, int], dict[int, int]]] = {}
+    for p in u.pods:
+        node = p.node_name or ""
+        slot = state.nodes.get(node)
+        if slot is None:
+            continue
+        demand = state.demand_on(p, slot)
+        res, dev = out.setdefault(node, ({}, {}))
+        for k, v in (demand.requests if demand else p.requests).items():
+            res[k] = res.get(k, 0) + v
+        for i, milli in p.gpu_grant:
+            dev[i] = dev.get(i, 0) + milli
+    return out
+
+
+def _cost(u: Unit, now: float, ranks: Mapping[int, int], scale: int) -> int:
+    """Lexicographic eviction cost (see module docstring)."""
+    whole = (1 + ranks[u.priority]) * scale if u.whole else 0
+    return whole + u.work(now)
+
+
+def _solve_one(
+    snapshot: Snapshot,
+    g: GangRequest,
+    units: Sequence[Unit],
+    actions: Mapping[int, EvictAction],
+    movable: Sequence[Unit],
+    state: ClusterState,
+    book: QueueBook,
+    pdb_used: Mapping[str, int],
+    move_cap: int,
+    time_limit: float,
+    workers: int,
+    *,
+    greedy_only: bool = False,
+) -> _Choice | None:
+    now = snapshot.now
+    shapes: dict[object, list[Pod]] = {}
+    for p in g.required:
+        shapes.setdefault(shape_key(p), []).append(p)
+    reps = [pods[0] for pods in shapes.values()]
+    candidates = [units[i] for i in actions]
+    # Nodes: those that accept some pod of the gang and have room or host a candidate.
+    accepting = {
+        name
+        for name, slot in state.nodes.items()
+        if slot.placeable and any(p.accepts(slot.node) for p in reps)
+    }
+    victim_nodes: dict[str, list[Unit]] = defaultdict(list)
+    for u in (*candidates, *movable):
+        for n in u.nodes:
+            if n in accepting:
+                victim_nodes[n].append(u)
+    with_room = [
+        n
+        for n in accepting
+        if n not in victim_nodes
+        and any(
+            (d := state.demand_on(p, state.nodes[n])) is not None and state.nodes[n].fits(d)
+            for p in reps
+        )
+    ]
+    if not victim_nodes:
+        return None
+    with_room.sort(key=lambda n: (-sum(state.nodes[n].gpu_free), n))
+    ranks = {p: i for i, p in enumerate(sorted({u.priority for u in units}))}
+    scale = sum(u.work(now) for u in (*candidates, *movable)) + 1
+    cost = {u.id: _cost(u, now, ranks, scale) for u in (*candidates, *movable)}
+    # Cheapest freed GPU first when the node set must be cut.
+    ordered_victim_nodes = sorted(
+        victim_nodes, key=lambda n: (min(cost[u.id] for u in victim_nodes[n]), n)
+    )
+    chosen_nodes = with_room[: MAX_MODEL_NODES // 4]
+    chosen_nodes += ordered_victim_nodes[: MAX_MODEL_NODES - len(chosen_nodes)]
+
+    rooms = victim_rooms(candidates, actions, g, snapshot.queue_tree, book.report, book.charged)
+    hint = _greedy_choice(snapshot, g, units, actions, state, pdb_used, rooms)
+    if greedy_only:
+        return hint
+
+    model = cp_model.CpModel()
+    e = {u.id: model.new_bool_var(f"e{u.id}") for u in candidates}
+    m = {u.id: model.new_bool_var(f"m{u.id}") for u in movable}
+    held = {u.id: _held(state, u) for u in (*candidates, *movable)}
+    # Pods to place: the gang's, and those of moved units (only if moved).
+    demands: list[tuple[str, Pod, int, cp_model.IntVar | None]] = [
+        ("g", pods[0], len(pods), None) for pods in shapes.values()
+    ]
+    for u in movable:
+        for pods in _group(u.pods).values():
+            demands.append((f"m{u.id}", pods[0], len(pods), m[u.id]))
+    per_node: dict[str, list[tuple[int, cp_model.IntVar]]] = defaultdict(list)
+    placed_of: dict[int, list[cp_model.IntVar]] = defaultdict(list)
+    for n in chosen_nodes:
+        slot = state.nodes[n]
+        for k, (_, pod, count, _) in enumerate(demands):
+            if not pod.accepts(slot.node):
+                continue
+            d = state.demand_on(pod, slot)
+            if d is None or any(
+                v > slot.node.allocatable.get(r, 0) for r, v in d.requests.items() if r != "pods"
+            ):
+                continue
+            v = model.new_int_var(0, count, f"x{k}_{n}")
+            per_node[n].append((k, v))
+            placed_of[k].append(v)
+    for k, (_, _, count, flag) in enumerate(demands):
+        total = sum(placed_of[k]) if placed_of[k] else 0
+        if flag is None:
+            if not placed_of[k]:
+                return None
+            model.add(total == count)
+        else:
+            model.add(total == count * flag)
+    for u in candidates:
+        if u.id in m:
+            model.add(e[u.id] + m[u.id] <= 1)
+    by_gang: dict[str, list[Unit]] = defaultdict(list)
+    for u in candidates:
+        by_gang[u.gang].append(u)
+    for members in by_gang.values():
+        whole = [u for u in members if u.whole]
+        for u in members:
+            if not u.whole and whole:
+                model.add(e[u.id] + e[whole[0].id] <= 1)
+    frees = {**e, **m}
+
+    def freed(u_id: int) -> cp_model.IntVar:
+        return frees[u_id]
+
+    for n in chosen_nodes:
+        slot = state.nodes[n]
+        here = [u for u in victim_nodes.get(n, ()) if u.id in frees]
+        resources: set[str] = set(slot.free)
+        for k, _ in per_node[n]:
+            resources |= set(state.demand_on(demands[k][1], slot).requests)  # type: ignore[union-attr]
+        for r in sorted(resources):
+            load = []
+            for k, v in per_node[n]:
+                need = state.demand_on(demands[k][1], slot).requests.get(r, 0)  # type: ignore[union-attr]
+                if need:
+                    load.append(need * v)
+            if not load:
+                continue
+            credit = [held[u.id][n][0].get(r, 0) * freed(u.id) for u in here if held[u.id].get(n)]
+            model.add(sum(load) <= slot.free.get(r, 0) + sum(credit))
+        # Devices.
+        whole_load = []
+        share_load = []
+        for k, v in per_node[n]:
+            d = state.demand_on(demands[k][1], slot)
+            if d is None or not d.gpu_count:
+                continue
+            if d.gpu_milli >= GPU_MILLI:
+                whole_load.append(d.gpu_count * v)
+            else:
+                share_load.append(d.gpu_count * d.gpu_milli * v)
+        if not whole_load and not share_load:
+            continue
+        holders: dict[int, list[int]] = defaultdict(list)
+        for u in here:
+            for i in held[u.id].get(n, ({}, {}))[1]:
+                holders[i].append(u.id)
+        device_free: list[cp_model.LinearExprT] = []
+        whole_free: list[cp_model.LinearExprT] = []
+        for i, free in enumerate(slot.gpu_free):
+            gained = [held[uid][n][1][i] * freed(uid) for uid in holders.get(i, [])]
+            device_free.append(free + sum(gained))
+            if free >= GPU_MILLI:
+                whole_free.append(1)
+            elif (
+                holders.get(i) and free + sum(held[uid][n][1][i] for uid in holders[i]) >= GPU_MILLI
+            ):
+                w = model.new_bool_var(f"w{n}_{i}")
+                for uid in holders[i]:
+                    model.add(w <= freed(uid))
+                whole_free.append(w)
+        if whole_load:
+            model.add(sum(whole_load) <= sum(whole_free))
+        model.add(sum(share_load) + GPU_MILLI * sum(whole_load) <= sum(device_free))
+    for b in snapshot.budgets:
+        covered = set(b.pod_uids)
+        terms = [
+            sum(1 for p in units[uid].pods if p.uid in covered) * var
+            for uid, var in frees.items()
+            if any(p.uid in covered for p in units[uid].pods)
+        ]
+        if terms:
+            model.add(sum(terms) <= max(0, b.allowed - pdb_used.get(b.key, 0)))
+    for branch, limits in rooms.items():
+        members = [
+            u
+            for u in candidates
+            if u.queue != g.queue
+            and branch_pair(snapshot.queue_tree, g.queue, u.queue)[1] == branch
+        ]
+        for r, room in limits:
+            model.add(sum(u.usage.get(r, 0) * e[u.id] for u in members) <= room)
+    if m:
+        model.add(sum(len(u.pods) * m[u.id] for u in movable) <= move_cap)
+    model.minimize(sum(cost[uid] * var for uid, var in frees.items()))
+    if hint is not None:
+        for uid, var in e.items():
+            model.add_hint(var, 1 if uid in hint.evict else 0)
+        for var in m.values():
+            model.add_hint(var, 0)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.05, time_limit)
+    solver.parameters.num_workers = max(1, workers)
+    status = solver.solve(model)
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        choice = _Choice(
+            {uid: actions[uid] for uid, var in e.items() if solver.value(var)},
+            {uid for uid, var in m.items() if solver.value(var)},
+        )
+        if hint is None or _total(choice, cost) <= _total(hint, cost):
+            return choice
+    return hint
+
+
+def _total(choice: _Choice, cost: Mapping[int, int]) -> int:
+    return sum(cost[u] for u in (*choice.evict, *choice.move))
+
+
+def _group(pods: Sequence[Pod]) -> dict[object, list[Pod]]:
+    out: dict[object, list[Pod]] = {}
+    for p in pods:
+        out.setdefault(shape_key(p), []).append(p)
+    return out
+
+
+def _greedy_choice(
+    snapshot: Snapshot,
+    g: GangRequest,
+    units: Sequence[Unit],
+    actions: Mapping[int, EvictAction],
+    state: ClusterState,
+    pdb_used: Mapping[str, int],
+    rooms: Mapping[str, tuple[tuple[str, int], ...]],
+) -> _Choice | None:
+    """Evict the cheapest allowed units until the gang fits, then give back those it does not
+    need (most expensive first). Leaves ``state`` as it found it. Budgets are respected as
+    units are added; fairness rooms too."""
+    now = snapshot.now
+    ranks = {p: i for i, p in enumerate(sorted({u.priority for u in units}))}
+    scale = sum(units[i].work(now) for i in actions) + 1
+    order = sorted(actions, key=lambda i: (_cost(units[i], now, ranks, scale), i))
+    budgets = [
+        (b.key, set(b.pod_uids), b.allowed - pdb_used.get(b.key, 0)) for b in snapshot.budgets
+    ]
+    tree = snapshot.queue_tree
+    taken_from: Counter[tuple[str, str]] = Counter()
+    spent: Counter[str] = Counter()
+    gone: list[int] = []
+
+    def fits() -> bool:
+        result = place_gangs(state, [g], extras=False)
+        for a in reversed(result.assignments):
+            state.release(a.pod_uid)
+        return g.key in result.placed
+
+    def take(i: int) -> None:
+        for p in units[i].pods:
+            state.release(p.uid)
+        gone.append(i)
+
+    def give_back(i: int) -> None:
+        for p in units[i].pods:
+            state.restore_bound(p)
+        gone.remove(i)
+
+    try:
+        found = False
+        for i in order:
+            u = units[i]
+            if any(units[j].gang == u.gang and (u.whole or units[j].whole) for j in gone):
+                continue  # a gang is taken whole or shrunk, never both
+            counts = [
+                (key, sum(1 for p in u.pods if p.uid in covered), allowed)
+                for key, covered, allowed in budgets
+            ]
+            if any(n and spent[key] + n > allowed for key, n, allowed in counts):
+                continue
+            branch = branch_pair(tree, g.queue, u.queue)[1] if u.queue != g.queue else ""
+            limits = rooms.get(branch, ())
+            if any(taken_from[branch, r] + u.usage.get(r, 0) > room for r, room in limits):
+                continue
+            take(i)
+            for key, n, _ in counts:
+                spent[key] += n
+            for r, _ in limits:
+                taken_from[branch, r] += u.usage.get(r, 0)
+            if fits():
+                found = True
+                break
+        if not found:
+            return None
+        for i in sorted(gone, key=lambda i: -_cost(units[i], now, ranks, scale)):
+            give_back(i)
+            if not fits():
+                take(i)
+        return _Choice({i: actions[i] for i in gone}, set())
+    finally:
+        for i in list(reversed(gone)):
+            give_back(i)
+
+
+# --- applying a choice ----------------------------------------------------------------------
+
+
+def _apply(
+    snapshot: Snapshot,
+    g: GangRequest,
+    units: Sequence[Unit],
+    choice: _Choice,
+    state: ClusterState,
+    scorer: NodeScorer | None,
+    settings: PlacementSettings,
+) -> tuple[list[PodAssignment], int] | None:
+    """Release the chosen units, place the gang, then place moved pods again (kept in
+    ``state`` for this cycle only: their controllers recreate them, and the next cycle
+    places the new pods). None, with ``state`` untouched, when any of it does not fit."""
+    spread = settings.gpu_strategy == "spread"
+    gone = [units[i] for i in (*choice.evict, *choice.move)]
+    for u in gone:
+        for p in u.pods:
+            state.release(p.uid)
+    result = place_gangs(state, [g], scorer, extras=False, spread_devices=spread)
+    placed = result.assignments
+    ok = g.key in result.placed
+    moved: list[PodAssignment] = []
+    if ok:
+        for i in sorted(choice.move):
+            u = units[i]
+            pods = tuple(sorted(u.pods, key=pod_size, reverse=True))
+            again = place_gangs(
+                state,
+                [GangRequest(u.gang, u.queue, u.priority, True, pods)],
+                scorer,
+                extras=False,
+                spread_devices=spread,
+            )
+            moved += again.assignments
+            if u.gang not in again.placed:
+                ok = False
+                break
+    if not ok:
+        for a in reversed([*placed, *moved]):
+            state.release(a.pod_uid)
+        for u in reversed(gone):
+            for p in u.pods:
+                state.restore_bound(p)
+        return None
+    return placed, len(moved)
+
+
+def _amount(resources: Sequence[str], values: Mapping[str, int]) -> str:
+    return ", ".join(
+        f"{format_queue_amount(r, values.get(r, 0))} {'GPUs' if r == 'gpu' else r}"
+        for r in resources
+    )
+
+
+def _evictions(
+    snapshot: Snapshot,
+    report: FairShareReport,
+    book: QueueBook,
+    g: GangRequest,
+    u: Unit,
+    action: EvictAction,
+) -> list[Eviction]:
+    """One :class:`Eviction` per pod of ``u``, with the sentence its Event carries."""
+    tree = snapshot.queue_tree
+    if action == "preempt" or (action == "shrink" and u.queue == g.queue):
+        why = (
+            f"preempted by gang {g.key} of priority {g.priority} (this gang has priority "
+            f"{u.priority}) in queue {g.queue}"
+        )
+    elif action in ("reclaim", "shrink"):
+        mine, theirs = branch_pair(tree, g.queue, u.queue)
+        res = dominant(g.ask)
+        why = (
+            f"reclaimed by queue {g.queue} for gang {g.key}: {mine} is below its fair share "
+            f"({_amount(res, used(report, book.charged, mine))} of "
+            f"{_amount(res, fair(report, mine))}) and {theirs} above its own "
+            f"({_amount(res, used(report, book.charged, theirs))} of "
+            f"{_amount(res, fair(report, theirs))})"
+        )
+    else:
+        why = f"moved to make room for gang {g.key}; it fits on other nodes and restarts there"
+    if action == "shrink":
+        why = f"elastic pod beyond minMember released: {why}"
+    return [
+        Eviction(p.uid, p.key, u.gang, u.queue, p.node_name or "", action, g.key, why)
+        for p in u.pods
+    ]

@@ -1,0 +1,212 @@
+"""Running work as eviction candidates, and the rules that say who may evict whom.
+
+A *unit* is what one eviction decision covers: a whole running gang (all its active pods:
+gangs stay whole), or one pod of an elastic gang beyond ``minMember`` (a shrink). Units are
+built once per solve from the snapshot; :func:`action_for` decides, per pending gang, whether
+a unit may be taken for it and under which rule (docs/taking-back.md):
+
+- ``preempt``: same leaf queue, strictly lower gang priority;
+- ``reclaim``: another queue; compared where the two branches of the queue tree meet, the
+  reclaimer's branch stays within its fair share with the gang added, and the victim's branch
+  is above its own (the model then caps what is taken at that excess: no ping-pong);
+- ``shrink``: a pod beyond ``minMember`` under either rule above;
+- only preemptible gangs that have run at least their queue's min runtime are victims, and
+  only pending gangs past their preemption delay, whose PriorityClass allows preemption,
+  evict anyone.
+
+Fairness is compared in the gang's dominant accelerator: GPUs for gangs that ask for GPUs,
+else CPU and memory.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from scheduler.cluster.gang import Gang
+from scheduler.cluster.pod import Pod
+from scheduler.cluster.queue import QUEUE_RESOURCES, QueueTree, pod_queue_usage
+from scheduler.cluster.snapshot import Snapshot
+from scheduler.fairness import FairShareReport
+from scheduler.solver.greedy import GangRequest
+from scheduler.solver.placement import EvictAction
+
+__all__ = [
+    "RESTART_SECONDS",
+    "Unit",
+    "action_for",
+    "branch_pair",
+    "build_units",
+    "dominant",
+    "may_evict",
+]
+
+#: What a restart costs a victim beyond the work it loses (image pull, checkpoint load), in
+#: seconds of its resources: it keeps "evict the least work" from choosing a large gang that
+#: has only just started over a small one.
+RESTART_SECONDS = 300
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Pods that are evicted together (see module docstring)."""
+
+    id: int
+    gang: str
+    queue: str
+    priority: int
+    pods: tuple[Pod, ...]
+    #: True: every active pod of the gang; False: one elastic pod beyond minMember.
+    whole: bool
+    started: float
+    usage: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def nodes(self) -> set[str]:
+        """Nodes this unit's pods run on."""
+        return {p.node_name for p in self.pods if p.node_name}
+
+    def work(self, now: float) -> int:
+        """GPU-seconds (GPU tenths x seconds) of this unit, restart included; CPU-only units
+        count CPU cores instead, so they are comparable within their kind."""
+        seconds = max(0.0, now - self.started) + RESTART_SECONDS
+        gpu_tenths = self.usage.get("gpu", 0) // 100
+        amount = gpu_tenths if gpu_tenths > 0 else max(1, self.usage.get("cpu", 0) // 1000)
+        return int(amount * seconds)
+
+
+def dominant(ask: Mapping[str, int]) -> tuple[str, ...]:
+    """Resources fairness is compared in for a gang asking ``ask``."""
+    return ("gpu",) if ask.get("gpu", 0) > 0 else ("cpu", "memory")
+
+
+def build_units(snapshot: Snapshot) -> list[Unit]:
+    """Every running, preemptible, managed gang as a whole unit, plus one shrink unit per pod
+    of an elastic gang beyond ``minMember`` (the most recently started pods go first)."""
+    running: dict[str, list[Pod]] = defaultdict(list)
+    for p in snapshot.pods:
+        if p.managed and p.node_name and p.active and not p.deleting and not p.nominated:
+            running[p.gang].append(p)
+    units: list[Unit] = []
+    gangs = snapshot.gang_by_key
+    for key in sorted(running):
+        gang = gangs.get(key)
+        if gang is None or not gang.preemptible:
+            continue
+        pods = sorted(running[key], key=lambda p: (p.started, p.uid))
+        if any(p.deleting for p in snapshot.pods_by_gang.get(key, ())):
+            continue  # already being taken down: its space is on its way back
+        units.append(_unit(len(units), gang, pods, whole=True))
+        for p in reversed(pods[gang.min_member :]):
+            units.append(_unit(len(units), gang, [p], whole=False))
+    return units
+
+
+def _unit(uid: int, gang: Gang, pods: Sequence[Pod], *, whole: bool) -> Unit:
+    usage = dict.fromkeys(QUEUE_RESOURCES, 0)
+    for p in pods:
+        for r, v in pod_queue_usage(p).items():
+            usage[r] += v
+    started = min(p.started for p in pods)
+    return Unit(uid, gang.key, gang.queue, gang.priority, tuple(pods), whole, started, usage)
+
+
+def branch_pair(tree: QueueTree, mine: str, theirs: str) -> tuple[str, str]:
+    """The children of the lowest common ancestor on each side (the roots when the two
+    queues share none): the level at which a reclaim between them is judged."""
+    a = tree.ancestors(mine) if mine in tree else [mine]
+    b = tree.ancestors(theirs) if theirs in tree else [theirs]
+    common = set(a) & set(b)
+    left = next((i for i, q in enumerate(a) if q in common), len(a))
+    right = next((i for i, q in enumerate(b) if q in common), len(b))
+    return a[max(0, left - 1)], b[max(0, right - 1)]
+
+
+def used(
+    report: FairShareReport, charged: Mapping[str, Mapping[str, int]], queue: str
+) -> dict[str, int]:
+    """What ``queue`` holds now in this solve: the report's allocation plus this cycle's
+    admissions minus its evictions (``charged``, as :class:`~scheduler.solver.queues.QueueBook`
+    keeps it)."""
+    status = report.queues.get(queue)
+    base = status.allocated if status is not None else {}
+    extra = charged.get(queue, {})
+    return {r: base.get(r, 0) + extra.get(r, 0) for r in QUEUE_RESOURCES}
+
+
+def fair(report: FairShareReport, queue: str) -> dict[str, int]:
+    status = report.queues.get(queue)
+    share = status.fair_share if status is not None else {}
+    return {r: share.get(r, 0) for r in QUEUE_RESOURCES}
+
+
+def may_evict(gang: Gang, now: float) -> str | None:
+    """Why the pending ``gang`` may not evict anyone now, or None when it may."""
+    if not gang.may_preempt:
+        return "its PriorityClass has preemptionPolicy: Never"
+    waited = now - gang.creation_time
+    if waited < gang.preemption_delay_seconds:
+        return f"preemption delay: {gang.preemption_delay_seconds - waited:.0f}s left"
+    return None
+
+
+def action_for(
+    g: GangRequest,
+    unit: Unit,
+    tree: QueueTree,
+    report: FairShareReport,
+    charged: Mapping[str, Mapping[str, int]],
+    now: float,
+) -> EvictAction | None:
+    """Under which rule ``unit`` may be evicted for pending gang ``g`` (None: it may not).
+
+    The victim side's cap (its branch stays at or above fair share) is a row of the model,
+    not decided here; here a reclaim only needs the victim's branch to be above its share
+    and the reclaimer's branch to stay within its own with the gang added.
+    """
+    if unit.gang == g.key:
+        return None
+    runtime = now - unit.started
+    if unit.queue == g.queue:
+        if unit.priority >= g.priority or runtime < tree.min_runtime(unit.queue, "preempt"):
+            return None
+        return "preempt" if unit.whole else "shrink"
+    if runtime < tree.min_runtime(unit.queue, "reclaim"):
+        return None
+    mine, theirs = branch_pair(tree, g.queue, unit.queue)
+    if mine == theirs:
+        return None
+    resources = dominant(g.ask)
+    # Every queue from the reclaimer's leaf up to its branch stays within its fair share.
+    chain = tree.ancestors(g.queue) if g.queue in tree else [g.queue]
+    for q in chain[: chain.index(mine) + 1] if mine in chain else chain:
+        have, share = used(report, charged, q), fair(report, q)
+        if any(have[r] + g.ask.get(r, 0) > share[r] for r in resources):
+            return None
+    have, share = used(report, charged, theirs), fair(report, theirs)
+    if not any(have[r] > share[r] for r in resources):
+        return None
+    return "reclaim" if unit.whole else "shrink"
+
+
+def victim_rooms(
+    units: Sequence[Unit],
+    actions: Mapping[int, EvictAction],
+    g: GangRequest,
+    tree: QueueTree,
+    report: FairShareReport,
+    charged: Mapping[str, Mapping[str, int]],
+) -> dict[str, tuple[tuple[str, int], ...]]:
+    """Victim branch -> (resource, how much may still be taken from it) for the units that
+    are reclaimed (not preempted) for ``g``: a branch never goes below its fair share."""
+    out: dict[str, tuple[tuple[str, int], ...]] = {}
+    for u in units:
+        if u.id not in actions or u.queue == g.queue:
+            continue
+        _, theirs = branch_pair(tree, g.queue, u.queue)
+        if theirs in out:
+            continue
+        have, share = used(report, charged, theirs), fair(report, theirs)
+        out[theirs] = tuple((r, max(0, have[r] - share[r])) for r in dominant(g.ask))
+    return out
