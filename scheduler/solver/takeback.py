@@ -38,6 +38,7 @@ from ortools.sat.python import cp_model
 
 from scheduler.cluster.node import GPU_MILLI
 from scheduler.cluster.pod import Pod
+from scheduler.cluster.resources import CPU
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.fairness import FairShareReport
 from scheduler.fairness.admission import format_queue_amount
@@ -61,6 +62,12 @@ from scheduler.solver.victims import (
 __all__ = ["TakeBack", "take_back"]
 
 log = structlog.get_logger(__name__)
+
+#: Consolidation candidates in one gang's model at most (cheapest first).
+MAX_MODEL_MOVERS = 64
+
+#: Greedy placement passes per gang while choosing victims (each is a full greedy pass).
+MAX_GREEDY_TRIES = 24
 
 #: Nodes in one gang's model at most (those with free room first, then those whose victims
 #: cost least per GPU freed).
@@ -106,11 +113,12 @@ def take_back(
     if not settings.take_back:
         return out
     started = time.perf_counter()
-    deadline = started + max(0.2, settings.time_limit_seconds)
     now = snapshot.now
     units = build_units(snapshot)
     if not units:
         return out
+    # The stage's own budget, like placement's: building the units above is not counted.
+    deadline = time.perf_counter() + max(0.2, settings.time_limit_seconds)
     gangs = snapshot.gang_by_key
     taken: set[int] = set()  # units already evicted or moved this cycle
     taken_gangs: set[str] = set()
@@ -132,10 +140,11 @@ def take_back(
         if left <= 0.01:
             break
         actions: dict[int, EvictAction] = {}
+        rules: dict[str, str | None] = {}
         for u in units:
             if u.id in taken or u.gang in taken_gangs:
                 continue
-            act = action_for(g, u, snapshot.queue_tree, report, book.charged, now)
+            act = action_for(g, u, snapshot.queue_tree, report, book.charged, now, rules)
             if act is not None:
                 actions[u.id] = act
         movable = [
@@ -265,42 +274,50 @@ def _solve_one(
     for p in g.required:
         shapes.setdefault(shape_key(p), []).append(p)
     reps = [pods[0] for pods in shapes.values()]
-    candidates = [units[i] for i in actions]
     # Nodes: those that accept some pod of the gang and have room or host a candidate.
-    accepting = {
-        name
-        for name, slot in state.nodes.items()
-        if slot.placeable and any(p.accepts(slot.node) for p in reps)
-    }
+    # Judged once per node class (same static traits and free state: same answer).
+    accepting: set[str] = set()
+    roomy: set[str] = set()
+    for key, names in state.classes.items():
+        slot = state.representative(key)
+        if slot is None or not any(p.accepts(slot.node) for p in reps):
+            continue
+        accepting.update(names)
+        if any((d := state.demand_on(p, slot)) is not None and slot.fits(d) for p in reps):
+            roomy.update(names)
     victim_nodes: dict[str, list[Unit]] = defaultdict(list)
-    for u in (*candidates, *movable):
-        for n in u.nodes:
-            if n in accepting:
-                victim_nodes[n].append(u)
-    with_room = [
-        n
-        for n in accepting
-        if n not in victim_nodes
-        and any(
-            (d := state.demand_on(p, state.nodes[n])) is not None and state.nodes[n].fits(d)
-            for p in reps
-        )
-    ]
-    if not victim_nodes:
+    for i in actions:
+        for n in units[i].nodes & accepting:
+            victim_nodes[n].append(units[i])
+    if not victim_nodes and not movable:
         return None
-    with_room.sort(key=lambda n: (-sum(state.nodes[n].gpu_free), n))
+    for u in movable:
+        for n in u.nodes & accepting:
+            victim_nodes[n].append(u)
+    with_room = sorted(
+        (n for n in roomy if n not in victim_nodes),
+        key=lambda n: (-sum(state.nodes[n].gpu_free), n),
+    )
     ranks = {p: i for i, p in enumerate(sorted({u.priority for u in units}))}
-    scale = sum(u.work(now) for u in (*candidates, *movable)) + 1
-    cost = {u.id: _cost(u, now, ranks, scale) for u in (*candidates, *movable)}
+    involved = {u.id: u for us in victim_nodes.values() for u in us}
+    scale = sum(u.work(now) for u in involved.values()) + 1
+    cost = {uid: _cost(u, now, ranks, scale) for uid, u in involved.items()}
     # Cheapest freed GPU first when the node set must be cut.
     ordered_victim_nodes = sorted(
         victim_nodes, key=lambda n: (min(cost[u.id] for u in victim_nodes[n]), n)
     )
     chosen_nodes = with_room[: MAX_MODEL_NODES // 4]
     chosen_nodes += ordered_victim_nodes[: MAX_MODEL_NODES - len(chosen_nodes)]
+    # Only units with a pod on a node of the model can make room in it.
+    in_model = {u.id for n in chosen_nodes for u in victim_nodes.get(n, ())}
+    candidates = [units[i] for i in actions if i in in_model]
+    movable = sorted((u for u in movable if u.id in in_model), key=lambda u: cost[u.id])
+    movable = movable[:MAX_MODEL_MOVERS]
 
-    rooms = victim_rooms(candidates, actions, g, snapshot.queue_tree, book.report, book.charged)
-    hint = _greedy_choice(snapshot, g, units, actions, state, pdb_used, rooms)
+    rooms = victim_rooms(
+        [units[i] for i in actions], actions, g, snapshot.queue_tree, book.report, book.charged
+    )
+    hint = _greedy_choice(snapshot, g, units, actions, state, pdb_used, rooms, accepting)
     if greedy_only:
         return hint
 
@@ -308,6 +325,7 @@ def _solve_one(
     e = {u.id: model.new_bool_var(f"e{u.id}") for u in candidates}
     m = {u.id: model.new_bool_var(f"m{u.id}") for u in movable}
     held = {u.id: _held(state, u) for u in (*candidates, *movable)}
+
     # Pods to place: the gang's, and those of moved units (only if moved).
     demands: list[tuple[str, Pod, int, cp_model.IntVar | None]] = [
         ("g", pods[0], len(pods), None) for pods in shapes.values()
@@ -425,7 +443,7 @@ def _solve_one(
     if m:
         model.add(sum(len(u.pods) * m[u.id] for u in movable) <= move_cap)
     model.minimize(sum(cost[uid] * var for uid, var in frees.items()))
-    if hint is not None:
+    if hint is not None and set(hint.evict) <= set(e):  # else the model could not express it
         for uid, var in e.items():
             model.add_hint(var, 1 if uid in hint.evict else 0)
         for var in m.values():
@@ -455,6 +473,53 @@ def _group(pods: Sequence[Pod]) -> dict[object, list[Pod]]:
     return out
 
 
+class _Need:
+    """A necessary condition for the gang to fit, kept up to date as units are released and
+    given back: enough whole free GPUs (and CPU) on the nodes it accepts, and one node with
+    enough for its largest pod."""
+
+    def __init__(self, g: GangRequest, state: ClusterState, accepting: set[str]) -> None:
+        counts = [p.gpu.count if p.gpu is not None and p.gpu.whole else 0 for p in g.required]
+        self.devices, self.largest = sum(counts), max(counts, default=0)
+        self.cpu = sum(p.requests[CPU] for p in g.required)
+        self.state, self.accepting = state, accepting
+        self.per_node: dict[str, tuple[int, int]] = {}
+        self.total_devices = self.total_cpu = self.roomy = 0
+        for n in accepting:
+            self._add(n)
+
+    def _add(self, n: str) -> None:
+        slot = self.state.nodes[n]
+        row = (sum(1 for f in slot.gpu_free if f >= GPU_MILLI), slot.free.get(CPU, 0))
+        self._count(row, 1)
+        self.per_node[n] = row
+
+    def _count(self, row: tuple[int, int], sign: int) -> None:
+        self.total_devices += sign * row[0]
+        self.total_cpu += sign * row[1]
+        self.roomy += sign * (row[0] >= self.largest)
+
+    def changed(self, nodes: set[str]) -> None:
+        """Re-read the given nodes after pods were released or given back there."""
+        for n in nodes & self.accepting:
+            self._count(self.per_node.pop(n), -1)
+            self._add(n)
+
+    def possible(self) -> bool:
+        return self.total_devices >= self.devices and self.total_cpu >= self.cpu and self.roomy > 0
+
+    def reachable(self, units: Sequence[Unit]) -> bool:
+        """Could it fit if every one of ``units`` were gone? (Devices they hold whole.)"""
+        gained: Counter[str] = Counter()
+        for u in units:
+            for p in u.pods:
+                if p.node_name in self.accepting:
+                    gained[p.node_name] += sum(1 for _, m in p.gpu_grant if m >= GPU_MILLI)
+        total = self.total_devices + sum(gained.values())
+        best = max((self.per_node[n][0] + gained[n] for n in self.per_node), default=0)
+        return total >= self.devices and best >= self.largest
+
+
 def _greedy_choice(
     snapshot: Snapshot,
     g: GangRequest,
@@ -463,14 +528,20 @@ def _greedy_choice(
     state: ClusterState,
     pdb_used: Mapping[str, int],
     rooms: Mapping[str, tuple[tuple[str, int], ...]],
+    accepting: set[str],
 ) -> _Choice | None:
     """Evict the cheapest allowed units until the gang fits, then give back those it does not
     need (most expensive first). Leaves ``state`` as it found it. Budgets are respected as
-    units are added; fairness rooms too."""
+    units are added; fairness rooms too.
+
+    Trying a placement costs a greedy pass, so it is tried only once the whole free GPUs (or
+    CPU) on the nodes the gang accepts could hold it, and at most :data:`MAX_GREEDY_TRIES`
+    times."""
     now = snapshot.now
     ranks = {p: i for i, p in enumerate(sorted({u.priority for u in units}))}
     scale = sum(units[i].work(now) for i in actions) + 1
-    order = sorted(actions, key=lambda i: (_cost(units[i], now, ranks, scale), i))
+    useful = [i for i in actions if units[i].nodes & accepting]
+    order = sorted(useful, key=lambda i: (_cost(units[i], now, ranks, scale), i))
     budgets = [
         (b.key, set(b.pod_uids), b.allowed - pdb_used.get(b.key, 0)) for b in snapshot.budgets
     ]
@@ -478,8 +549,12 @@ def _greedy_choice(
     taken_from: Counter[tuple[str, str]] = Counter()
     spent: Counter[str] = Counter()
     gone: list[int] = []
+    tries = 0
+    need = _Need(g, state, accepting)
 
     def fits() -> bool:
+        nonlocal tries
+        tries += 1
         result = place_gangs(state, [g], extras=False)
         for a in reversed(result.assignments):
             state.release(a.pod_uid)
@@ -489,17 +564,26 @@ def _greedy_choice(
         for p in units[i].pods:
             state.release(p.uid)
         gone.append(i)
+        need.changed(units[i].nodes)
 
     def give_back(i: int) -> None:
         for p in units[i].pods:
             state.restore_bound(p)
         gone.remove(i)
+        need.changed(units[i].nodes)
 
+    if not need.reachable([units[i] for i in order]):
+        return None
+    whole_gone: set[str] = set()
+    shrunk: set[str] = set()
+    sides: dict[str, str] = {}
     try:
         found = False
         for i in order:
+            if tries >= MAX_GREEDY_TRIES:
+                break
             u = units[i]
-            if any(units[j].gang == u.gang and (u.whole or units[j].whole) for j in gone):
+            if u.gang in whole_gone or (u.whole and u.gang in shrunk):
                 continue  # a gang is taken whole or shrunk, never both
             counts = [
                 (key, sum(1 for p in u.pods if p.uid in covered), allowed)
@@ -507,23 +591,28 @@ def _greedy_choice(
             ]
             if any(n and spent[key] + n > allowed for key, n, allowed in counts):
                 continue
-            branch = branch_pair(tree, g.queue, u.queue)[1] if u.queue != g.queue else ""
+            branch = sides.get(u.queue, "")
+            if u.queue != g.queue and u.queue not in sides:
+                branch = sides[u.queue] = branch_pair(tree, g.queue, u.queue)[1]
             limits = rooms.get(branch, ())
             if any(taken_from[branch, r] + u.usage.get(r, 0) > room for r, room in limits):
                 continue
             take(i)
+            (whole_gone if u.whole else shrunk).add(u.gang)
             for key, n, _ in counts:
                 spent[key] += n
             for r, _ in limits:
                 taken_from[branch, r] += u.usage.get(r, 0)
-            if fits():
+            if need.possible() and fits():
                 found = True
                 break
         if not found:
             return None
         for i in sorted(gone, key=lambda i: -_cost(units[i], now, ranks, scale)):
+            if tries >= 2 * MAX_GREEDY_TRIES:
+                break
             give_back(i)
-            if not fits():
+            if not (need.possible() and fits()):
                 take(i)
         return _Choice({i: actions[i] for i in gone}, set())
     finally:

@@ -40,6 +40,7 @@ __all__ = [
     "build_units",
     "dominant",
     "may_evict",
+    "queue_rule",
 ]
 
 #: What a restart costs a victim beyond the work it loses (image pull, checkpoint load), in
@@ -158,23 +159,44 @@ def action_for(
     report: FairShareReport,
     charged: Mapping[str, Mapping[str, int]],
     now: float,
+    rules: dict[str, str | None] | None = None,
 ) -> EvictAction | None:
     """Under which rule ``unit`` may be evicted for pending gang ``g`` (None: it may not).
 
     The victim side's cap (its branch stays at or above fair share) is a row of the model,
     not decided here; here a reclaim only needs the victim's branch to be above its share
-    and the reclaimer's branch to stay within its own with the gang added.
+    and the reclaimer's branch to stay within its own with the gang added. ``rules`` caches
+    the per-queue part for one gang (pass the same dict for all units of one gang).
     """
     if unit.gang == g.key:
         return None
-    runtime = now - unit.started
-    if unit.queue == g.queue:
-        if unit.priority >= g.priority or runtime < tree.min_runtime(unit.queue, "preempt"):
-            return None
-        return "preempt" if unit.whole else "shrink"
-    if runtime < tree.min_runtime(unit.queue, "reclaim"):
+    rules = {} if rules is None else rules
+    if unit.queue not in rules:
+        rules[unit.queue] = queue_rule(g, unit.queue, tree, report, charged)
+    rule = rules[unit.queue]
+    if rule is None:
         return None
-    mine, theirs = branch_pair(tree, g.queue, unit.queue)
+    if now - unit.started < tree.min_runtime(unit.queue, rule):
+        return None
+    if rule == "preempt" and unit.priority >= g.priority:
+        return None
+    if not unit.whole:
+        return "shrink"
+    return "preempt" if rule == "preempt" else "reclaim"
+
+
+def queue_rule(
+    g: GangRequest,
+    queue: str,
+    tree: QueueTree,
+    report: FairShareReport,
+    charged: Mapping[str, Mapping[str, int]],
+) -> str | None:
+    """``preempt`` (same queue), ``reclaim`` (another queue, and fairness allows taking from
+    it for ``g``) or None: the part of :func:`action_for` that depends on the queues only."""
+    if queue == g.queue:
+        return "preempt"
+    mine, theirs = branch_pair(tree, g.queue, queue)
     if mine == theirs:
         return None
     resources = dominant(g.ask)
@@ -187,7 +209,7 @@ def action_for(
     have, share = used(report, charged, theirs), fair(report, theirs)
     if not any(have[r] > share[r] for r in resources):
         return None
-    return "reclaim" if unit.whole else "shrink"
+    return "reclaim"
 
 
 def victim_rooms(
