@@ -170,3 +170,12 @@ class Placement:
     #: *nominations*: held on their nodes (nobody else may take the space) and bound only
     #: once every pod listed here is gone.
     waits_for: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def freed(self) -> frozenset[str]:
+        """Uids of the running pods whose room ``assignments`` use: this cycle's evictions and
+        the pods already terminating that held gangs wait for."""
+        return frozenset(
+            {e.pod_uid for e in self.evictions}
+            | {uid for uids in self.waits_for.values() for uid in uids}
+        )

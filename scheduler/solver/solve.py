@@ -263,9 +263,11 @@ def _take_back(
     except Exception:  # taking back is an extra: its failure must not cost the placement
         log.exception("take_back_failed", cycle=cycle)
         return None
-    if not taken.evictions:
+    if not taken.evictions and not taken.waits_for:
         return taken
+    # Room the held gangs use: their victims', and that of pods already terminating.
     evicted = {e.pod_uid for e in taken.evictions}
+    evicted.update(uid for uids in taken.waits_for.values() for uid in uids)  # = Placement.freed
     violations = validate(snapshot, [*assignments, *taken.assignments], evicted=evicted)
     violations += validate_evictions(
         snapshot,

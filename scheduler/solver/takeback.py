@@ -115,7 +115,16 @@ def take_back(
     started = time.perf_counter()
     now = snapshot.now
     units = build_units(snapshot)
-    if not units:
+    # Pods already terminating (evicted by an earlier cycle, or by a leader before us) free
+    # their room soon: a gang that fits once they are gone is held for them instead of
+    # evicting anyone more. Room already promised to a held gang stays taken (held pods are
+    # in the snapshot and in ``state``).
+    leaving: dict[str, list[str]] = defaultdict(list)
+    for p in snapshot.pods:
+        if p.deleting and p.node_name and p.active and p.uid in state.bound:
+            state.release(p.uid)
+            leaving[p.node_name].append(p.uid)
+    if not units and not leaving:
         return out
     # The stage's own budget, like placement's: building the units above is not counted.
     deadline = time.perf_counter() + max(0.2, settings.time_limit_seconds)
@@ -139,6 +148,9 @@ def take_back(
         left = deadline - time.perf_counter()
         if left <= 0.01:
             break
+        if leaving and _hold_for_leaving(g, state, book, leaving, scorer, settings, out):
+            admitted.add(g.key)
+            continue
         actions: dict[int, EvictAction] = {}
         rules: dict[str, str | None] = {}
         for u in units:
@@ -226,6 +238,33 @@ def take_back(
         )
     log.debug("take_back_done", cycle=cycle, seconds=round(time.perf_counter() - started, 4))
     return out
+
+
+def _hold_for_leaving(
+    g: GangRequest,
+    state: ClusterState,
+    book: QueueBook,
+    leaving: Mapping[str, list[str]],
+    scorer: NodeScorer | None,
+    settings: PlacementSettings,
+    out: TakeBack,
+) -> bool:
+    """Place ``g`` where terminating pods are leaving, held for them; True when it was."""
+    if book.problem(g.queue, g.ask, preemptible=g.preemptible) is not None:
+        return False
+    spread = settings.gpu_strategy == "spread"
+    result = place_gangs(state, [g], scorer, extras=False, spread_devices=spread)
+    placed = result.assignments
+    waits = [uid for n in sorted({a.node for a in placed}) for uid in leaving.get(n, ())]
+    if g.key not in result.placed or not waits:
+        for a in reversed(placed):
+            state.release(a.pod_uid)
+        return False
+    book.charge(g.queue, g.ask, preemptible=g.preemptible)
+    out.assignments += placed
+    out.waits_for[g.key] = tuple(waits)
+    log.info("held_for_terminating", gang=g.key, queue=g.queue, pods=len(waits))
+    return True
 
 
 # --- the model ------------------------------------------------------------------------------

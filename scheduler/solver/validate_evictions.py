@@ -80,8 +80,9 @@ def validate_evictions(
         by_victim_gang[pod.gang].append(e)
     for key, uids in waits_for.items():
         for uid in uids:
-            if uid not in seen:
-                out.append(f"gang {key}: waits for pod {uid}, which is not evicted")
+            pod = pods.get(uid)
+            if uid not in seen and not (pod is not None and pod.deleting and pod.node_name):
+                out.append(f"gang {key}: waits for pod {uid}, neither evicted nor terminating")
     nominated_gangs = {a.gang for a in nominated}
     for key in waits_for:
         if key not in nominated_gangs:

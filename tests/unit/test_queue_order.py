@@ -218,4 +218,3 @@ def test_running_members_count_as_allocated() -> None:
     jobs = [job("a", "big", members=4, bound=3), job("a", "a2", created=1), job("b", "b1")]
     snap = snapshot([queue("a"), queue("b")], jobs, gpus=12)
     assert order(snap) == ["big", "a2", "b1"]
-

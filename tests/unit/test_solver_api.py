@@ -41,7 +41,7 @@ def test_score_cache_does_not_change_the_greedy_answer() -> None:
 def test_custom_scorer_keeps_cpsat_to_admission_only() -> None:
     snap = synthetic_snapshot(ClusterSpec(nodes=30, gangs=30, seed=5))
     placement = solve(snap, PlacementSettings(time_limit_seconds=0.5), scorer=Unkeyed())
-    evicted = {e.pod_uid for e in placement.evictions}
+    evicted = placement.freed
     assert validate(snap, placement.assignments, evicted=evicted) == []
     assert placement.objective >= placement.greedy_objective
 

@@ -86,7 +86,7 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
 def check(full: Snapshot, placement: Placement) -> None:
     pods = {p.uid: p for p in full.pods}
     # Evicted pods leave: what they hold is where the gangs waiting for them go.
-    gone = {e.pod_uid for e in placement.evictions}
+    gone = placement.freed
     snap = replace(full, pods=tuple(p for p in full.pods if p.uid not in gone))
     nodes = snap.node_by_name
     states = snap.node_states()
@@ -155,7 +155,7 @@ def test_placements_respect_every_hard_rule(
     )
     placement = solve(snap, settings_)
     check(snap, placement)
-    evicted = {e.pod_uid for e in placement.evictions}
+    evicted = placement.freed
     assert validate(snap, placement.assignments, evicted=evicted) == []
     nominated = [a for a in placement.assignments if a.gang in placement.waits_for]
     plain = [a for a in placement.assignments if a.gang not in placement.waits_for]

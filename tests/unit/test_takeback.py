@@ -82,7 +82,7 @@ def snap(
 
 def run(s: Snapshot, settings: PlacementSettings = CPSAT) -> Placement:
     placement = solve(s, settings)
-    evicted = {e.pod_uid for e in placement.evictions}
+    evicted = placement.freed
     assert validate(s, placement.assignments, evicted=evicted) == []
     nominated = [a for a in placement.assignments if a.gang in placement.waits_for]
     plain = [a for a in placement.assignments if a.gang not in placement.waits_for]
@@ -418,3 +418,20 @@ def test_validator_rejects_reclaim_below_fair_share() -> None:
         s, report, [], nominated, evs, {want_g.key: tuple(v.uid for v in victims)}, CPSAT
     )
     assert any("below its fair share" in v for v in found)
+
+
+@BOTH
+def test_gang_is_held_for_terminating_pods_instead_of_evicting_more(
+    settings: PlacementSettings,
+) -> None:
+    """A new leader sees pods evicted before it started still terminating: the gang they
+    were evicted for is held for them; nothing more is evicted."""
+    queues = [make_queue("root"), make_queue("a", "root", gpu_quota=16)]
+    low = [running(f"low{i}", "a", [("n0", (i,))], priority=10, started=100) for i in range(8)]
+    leaving = [(g, [replace(p, deleting=True) for p in ps]) for g, ps in low[4:]]
+    want = make_gang("want", 1, queue="a", gpus=4, priority=75, created=NOW - 1)
+    p = run(snap([NODES[0]], queues, *low[:4], *leaving, want), settings)
+    assert p.evictions == ()
+    assert set(p.waits_for) == {"default/want"}
+    assert set(p.waits_for["default/want"]) == {ps[0].uid for _, ps in leaving}
+    assert "want" in placed(p)
