@@ -10,7 +10,7 @@ with a count. Fit questions are then answered per shape, not per node.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -129,8 +129,13 @@ class FreeCapacity:
     """
 
     def __init__(
-        self, snapshot: Snapshot | None = None, assignments: Sequence[PodAssignment] = ()
+        self,
+        snapshot: Snapshot | None = None,
+        assignments: Sequence[PodAssignment] = (),
+        freed: Collection[str] = (),
     ) -> None:
+        """``freed``: uids of running pods whose room ``assignments`` take (evicted or
+        terminating: see :attr:`scheduler.solver.placement.Placement.freed`)."""
         self.node_count = 0
         self._traits: dict[tuple[object, ...], _Traits] = {}
         self._cache: dict[Rules, Matching] = {}
@@ -139,10 +144,19 @@ class FreeCapacity:
             return
         by_name = any(uses_node_name(p) for p in snapshot.pods if p.pending)
         states = snapshot.node_states()
+        by_uid = {p.uid: p for p in snapshot.pods} if assignments or freed else {}
+        leaving = [by_uid[u] for u in freed if u in by_uid and by_uid[u].node_name in states]
         touched = {a.node for a in assignments if a.node in states}
+        touched |= {p.node_name for p in leaving if p.node_name}
         free: dict[str, dict[str, int]] = {n: dict(states[n].free.items()) for n in touched}
         devices: dict[str, list[int]] = {n: list(states[n].gpu_free) for n in touched}
-        by_uid = {p.uid: p for p in snapshot.pods} if assignments else {}
+        for p in leaving:
+            name = p.node_name or ""
+            for r, v in p.requests.items():
+                free[name][r] = free[name].get(r, 0) + v
+            for i, milli in p.gpu_grant:
+                if 0 <= i < len(devices[name]):
+                    devices[name][i] = min(GPU_MILLI, devices[name][i] + milli)
         for a in assignments:
             pod = by_uid.get(a.pod_uid)
             if pod is None or a.node not in free:

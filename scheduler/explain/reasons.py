@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from scheduler.cluster.gang import Gang
@@ -81,12 +81,13 @@ class _Explainer:
         assignments: Sequence[PodAssignment],
         now: FreeCapacity | None = None,
         before: FreeCapacity | None = None,
+        freed: Collection[str] = (),
     ) -> None:
         self.snapshot = snapshot
         self.report = report
         self.assignments = assignments
         self.tree = snapshot.queue_tree
-        self.now = now if now is not None else FreeCapacity(snapshot, assignments)
+        self.now = now if now is not None else FreeCapacity(snapshot, assignments, freed)
         self._before: FreeCapacity | None = before
         self.charged: dict[str, dict[str, int]] = defaultdict(dict)
         self.pinned: dict[str, dict[str, int]] = defaultdict(dict)  # non-preemptible part
@@ -251,13 +252,15 @@ def explain_unplaced(
     *,
     now: FreeCapacity | None = None,
     before: FreeCapacity | None = None,
+    freed: Collection[str] = (),
 ) -> dict[str, tuple[str, str]]:
     """Gang key -> (reason_code, message) for each of ``gangs`` (pending, not placed).
 
     ``assignments`` are this cycle's placements: the explanation describes the cluster and
     queues after them. A caller that already knows the free capacity after the assignments
     (``now``) and before them (``before``) passes it (see :meth:`FreeCapacity.from_groups`)
-    instead of having it recomputed from the snapshot.
+    instead of having it recomputed from the snapshot. ``freed``: running pods whose room the
+    assignments take (evictions and pods terminating for held gangs).
     """
-    explainer = _Explainer(snapshot, report, assignments, now, before)
+    explainer = _Explainer(snapshot, report, assignments, now, before, freed)
     return {key: explainer.explain(key) for key in gangs}

@@ -167,7 +167,7 @@ def solve(
     explain_started = time.perf_counter()
     final = [*assignments, *taken.assignments]
     now, before = _capacities(state, initial) if in_step else (None, None)
-    outcomes = _outcomes(problem, final, now, before)
+    outcomes = _outcomes(problem, final, now, before, freed=_freed(taken))
     explain_seconds = time.perf_counter() - explain_started
     lap("explain")
     placement = Placement(
@@ -266,8 +266,7 @@ def _take_back(
     if not taken.evictions and not taken.waits_for:
         return taken
     # Room the held gangs use: their victims', and that of pods already terminating.
-    evicted = {e.pod_uid for e in taken.evictions}
-    evicted.update(uid for uids in taken.waits_for.values() for uid in uids)  # = Placement.freed
+    evicted = _freed(taken)
     violations = validate(snapshot, [*assignments, *taken.assignments], evicted=evicted)
     violations += validate_evictions(
         snapshot,
@@ -306,11 +305,20 @@ def _capacities(
     return now, before
 
 
+def _freed(taken: TakeBack) -> set[str]:
+    """Uids whose room the take-back's placements use (as :attr:`Placement.freed`)."""
+    out = {e.pod_uid for e in taken.evictions}
+    out.update(uid for uids in taken.waits_for.values() for uid in uids)
+    return out
+
+
 def _outcomes(
     problem: Problem,
     assignments: Sequence[PodAssignment],
     now: FreeCapacity | None = None,
     before: FreeCapacity | None = None,
+    *,
+    freed: set[str] | None = None,
 ) -> dict[str, GangOutcome]:
     by_gang: dict[str, list[PodAssignment]] = {}
     for a in assignments:
@@ -320,7 +328,13 @@ def _outcomes(
     if unplaced:
         try:
             reasons = explain_unplaced(
-                problem.snapshot, problem.report, assignments, unplaced, now=now, before=before
+                problem.snapshot,
+                problem.report,
+                assignments,
+                unplaced,
+                now=now,
+                before=before,
+                freed=freed or (),
             )
         except Exception:  # an explanation must never cost the cycle its placement
             log.exception("explain_failed", gangs=len(unplaced))

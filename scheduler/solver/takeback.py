@@ -41,7 +41,7 @@ from scheduler.cluster.pod import Pod
 from scheduler.cluster.resources import CPU
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.fairness import FairShareReport
-from scheduler.fairness.admission import format_queue_amount
+from scheduler.fairness.admission import OVER_QUOTA, format_queue_amount
 from scheduler.framework.scoring import NodeScorer
 from scheduler.solver.greedy import GangRequest, place_gangs, pod_size, shape_key
 from scheduler.solver.placement import EvictAction, Eviction, PlacementSettings, PodAssignment
@@ -144,6 +144,11 @@ def take_back(
         if why is not None:
             out.refused[g.key] = why
             continue
+        problem = book.problem(g.queue, g.ask, preemptible=g.preemptible)
+        if problem is not None and problem[0] == OVER_QUOTA:
+            # Only non-preemptible usage counts against that quota: no eviction can help.
+            out.refused[g.key] = problem[1]
+            continue
         tried += 1
         left = deadline - time.perf_counter()
         if left <= 0.01:
@@ -204,12 +209,13 @@ def take_back(
             out.refused[g.key] = "the pods it would free do not pack the gang"
             continue
         assignments, moves = placed
-        book.charge(g.queue, g.ask, preemptible=g.preemptible)
         uids: list[str] = []
+        # Messages first: they quote the queues' usage as it was when the choice was made.
         for uid_, act in sorted(found.evict.items()):
+            out.evictions += _evictions(snapshot, report, book, g, units[uid_], act)
+        for uid_ in sorted(found.evict):
             u = units[uid_]
             book.charge(u.queue, u.usage, -1)
-            out.evictions += _evictions(snapshot, report, book, g, u, act)
             uids += [p.uid for p in u.pods]
             taken.add(u.id)
             if u.whole:
@@ -221,6 +227,7 @@ def take_back(
             taken.add(u.id)
             taken_gangs.add(u.gang)
             moved_pods += len(u.pods)
+        book.charge(g.queue, g.ask, preemptible=g.preemptible)
         for b in snapshot.budgets:
             pdb_used[b.key] += sum(1 for p in b.pod_uids if p in set(uids))
         out.assignments += assignments

@@ -435,7 +435,8 @@ def test_solver_reasons_match_explaining_from_the_snapshot() -> None:
     waiting = [k for k, o in placement.outcomes.items() if not o.placed]
     assert len({placement.outcomes[k].reason_code for k in waiting}) >= 2
     expected = {  # one call per gang: no sharing between gangs at all
-        k: explain_unplaced(snap, report, placement.assignments, [k])[k] for k in waiting
+        k: explain_unplaced(snap, report, placement.assignments, [k], freed=placement.freed)[k]
+        for k in waiting
     }
     got = {k: (placement.outcomes[k].reason_code, placement.outcomes[k].reason) for k in waiting}
     assert got == expected
