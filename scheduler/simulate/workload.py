@@ -4,6 +4,10 @@ A job becomes API-shaped Pod objects converted by :func:`scheduler.cluster.podsp
 and PodGroups converted by :func:`scheduler.cluster.queuespec.gang_from_k8s`, exactly as the
 live cache does, so a scenario means what the same objects would mean in a cluster. Jobs
 without a PodGroup get one implicit gang per pod.
+
+A job with ``running`` is already running when the simulation starts: its pods are bound to the
+named nodes since ``startTime`` (zero or negative: before the start); their GPU devices are
+granted by :func:`scheduler.simulate.running.grant_running` once the nodes are known.
 """
 
 from __future__ import annotations
@@ -13,8 +17,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from scheduler.cluster.gang import Gang
-from scheduler.cluster.pod import Pod
-from scheduler.cluster.podspec import QUEUE_LABEL, PodSpecError, pod_from_k8s
+from scheduler.cluster.pod import Pod, PodPhase
+from scheduler.cluster.podspec import (
+    BUILD_PRIORITY,
+    QUEUE_LABEL,
+    PodSpecError,
+    gang_hints,
+    pod_from_k8s,
+)
 from scheduler.cluster.queuespec import SpecError, gang_from_k8s
 from scheduler.simulate.fields import (
     ScenarioError,
@@ -33,6 +43,7 @@ __all__ = [
     "SCHEDULER_NAME",
     "JobArrival",
     "PodGroupDef",
+    "PriorityClasses",
     "parse_jobs",
     "pod_groups",
     "priority_classes",
@@ -43,7 +54,12 @@ SCHEDULER_NAME = "kai-scheduler"
 #: A guard against a typo such as ``count: 1000000`` eating the machine's memory.
 MAX_PODS_PER_JOB = 100_000
 #: The priority classes KAI installs; a scenario's ``priorityClasses`` adds to or overrides them.
-DEFAULT_PRIORITY_CLASSES: dict[str, int] = {"train": 50, "build": 100, "inference": 125}
+DEFAULT_PRIORITY_CLASSES: dict[str, int] = {
+    "train": 50,
+    "build-preemptible": 75,
+    "build": 100,
+    "inference": 125,
+}
 
 
 @dataclass(frozen=True)
@@ -57,16 +73,44 @@ class JobArrival:
     pods: tuple[Pod, ...]
     #: The gang every pod belongs to (an explicit PodGroup or, per pod, an implicit one).
     gangs: tuple[Gang, ...]
+    #: Termination grace period of its pods when evicted (None: ``settings``' default).
+    grace: float | None = None
+    #: True when the job is already running at the start (its pods are bound).
+    running: bool = False
 
 
-def priority_classes(raw: Any) -> dict[str, int]:
-    """KAI's default PriorityClasses plus the scenario's ``priorityClasses`` (name: value)."""
+class PriorityClasses(dict[str, int]):
+    """PriorityClass name -> value, and the names whose ``preemptionPolicy`` is ``Never``."""
+
+    def __init__(self, values: Mapping[str, int], never: frozenset[str] = frozenset()) -> None:
+        super().__init__(values)
+        self.never = never
+
+
+def priority_classes(raw: Any) -> PriorityClasses:
+    """KAI's default PriorityClasses plus the scenario's ``priorityClasses``: ``name: value``
+    or ``name: {value: V, preemptionPolicy: Never}`` (its gangs never evict anyone)."""
     classes = dict(DEFAULT_PRIORITY_CLASSES)
-    for name, value in read_mapping(raw, "priorityClasses").items():
+    never: set[str] = set()
+    for name, entry in read_mapping(raw, "priorityClasses").items():
+        path = f"priorityClasses.{name}"
+        value = entry
+        if isinstance(entry, Mapping):
+            check_known(entry, path, ("value", "preemptionPolicy"))
+            value = entry.get("value")
+            policy = entry.get("preemptionPolicy", "PreemptLowerPriority")
+            if policy not in ("PreemptLowerPriority", "Never"):
+                raise ScenarioError(
+                    f"{path}.preemptionPolicy",
+                    f"{policy!r} must be PreemptLowerPriority or Never",
+                )
+            if policy == "Never":
+                never.add(str(name))
+            path = f"{path}.value"
         if not isinstance(value, int) or isinstance(value, bool):
-            raise ScenarioError(f"priorityClasses.{name}", f"{value!r} must be a whole number")
+            raise ScenarioError(path, f"{value!r} must be a whole number")
         classes[str(name)] = value
-    return classes
+    return PriorityClasses(classes, frozenset(never))
 
 
 @dataclass(frozen=True)
@@ -98,7 +142,8 @@ def pod_groups(raw: Any) -> dict[str, PodGroupDef]:
 
 
 _JOB_FIELDS = ("name", "namespace", "queue", "at", "duration", "priorityClassName", "podGroup",
-               "pods")  # fmt: skip
+               "pods", "running")  # fmt: skip
+_RUNNING_FIELDS = ("nodes", "startTime")
 _POD_FIELDS = ("count", "template", "resources", "annotations", "nodeSelector", "tolerations")
 
 
@@ -132,12 +177,54 @@ def _template(pods: Mapping[str, Any], path: str) -> dict[str, Any]:
     return {"metadata": meta, "spec": spec}
 
 
+def _start_time(raw: Any, path: str) -> float:
+    """``startTime``: when already running pods started, 0 or before (``-30m``, ``-1800``)."""
+    text = str(raw).strip() if isinstance(raw, str) else raw
+    if isinstance(text, str) and text.startswith("-"):
+        return -read_seconds(text[1:], path)
+    if isinstance(text, int | float) and not isinstance(text, bool) and text < 0:
+        return -read_seconds(-text, path)
+    if read_seconds(text, path) != 0:
+        raise ScenarioError(
+            path, f"{raw!r} is after the start; use 0s or a time before it such as -30m"
+        )
+    return 0.0
+
+
+def _running(raw: Any, path: str, count: int) -> tuple[tuple[str, ...], float]:
+    """``running: {nodes, startTime}``: the node of each pod and when they started."""
+    data = read_mapping(raw, path)
+    check_known(data, path, _RUNNING_FIELDS)
+    nodes_raw = data.get("nodes")
+    if isinstance(nodes_raw, str):
+        nodes = (read_name(nodes_raw, f"{path}.nodes"),) * count
+    else:
+        items = read_list(nodes_raw, f"{path}.nodes")
+        nodes = tuple(read_name(n, f"{path}.nodes[{k}]") for k, n in enumerate(items))
+        if len(nodes) != count:
+            raise ScenarioError(
+                f"{path}.nodes",
+                f"name one node per pod ({count}), or one node name for all of them",
+            )
+    return nodes, _start_time(data.get("startTime", 0), f"{path}.startTime")
+
+
+def _grace(spec: Mapping[str, Any], path: str) -> float | None:
+    """The template's ``terminationGracePeriodSeconds`` (None when not given)."""
+    raw = spec.get("terminationGracePeriodSeconds")
+    if raw is None:
+        return None
+    if not isinstance(raw, int | float) or isinstance(raw, bool) or raw < 0:
+        raise ScenarioError(path, f"{raw!r} must be a number of seconds >= 0")
+    return float(raw)
+
+
 def _job(
     entry: Any,
     path: str,
     queue_names: set[str],
     groups: dict[str, PodGroupDef],
-    priorities: dict[str, int],
+    priorities: PriorityClasses,
 ) -> tuple[JobArrival, str | None]:
     """One job; also returns the key of a shared PodGroup it uses (to check consistency)."""
     data = read_mapping(entry, path)
@@ -156,6 +243,19 @@ def _job(
     if count > MAX_PODS_PER_JOB:
         raise ScenarioError(f"{path}.pods.count", f"at most {MAX_PODS_PER_JOB} pods per job")
     template = _template(pods_raw, f"{path}.pods")
+    grace = _grace(template["spec"], f"{path}.pods.template.spec.terminationGracePeriodSeconds")
+    running: tuple[tuple[str, ...], float] | None = None
+    if data.get("running") is not None:
+        running = _running(data["running"], f"{path}.running", count)
+        if at:
+            raise ScenarioError(
+                f"{path}.at", "a running job exists from the start; drop at (or running)"
+            )
+        if duration is not None and running[1] + duration <= 0:
+            raise ScenarioError(
+                f"{path}.duration",
+                "the job would have finished before the start; lengthen it or move startTime",
+            )
     pc = data.get("priorityClassName") or ""
     if not isinstance(pc, str):
         raise ScenarioError(f"{path}.priorityClassName", "must be the name of a PriorityClass")
@@ -214,6 +314,8 @@ def _job(
         if pc:
             spec["priority"] = priorities[pc]
             spec["priorityClassName"] = pc
+            if pc in priorities.never:  # admission copies it from the PriorityClass
+                spec["preemptionPolicy"] = "Never"
         obj = {
             "metadata": {
                 **meta,
@@ -227,35 +329,56 @@ def _job(
         }
         try:
             pod = pod_from_k8s(obj, scheduler_name=SCHEDULER_NAME, default_queue=queue)
+            hints = gang_hints(obj)
         except PodSpecError as e:
             raise ScenarioError(f"{path}.pods.template.{e.field}", e.message) from e
         except (TypeError, AttributeError) as e:
             raise ScenarioError(f"{path}.pods.template", f"not a valid pod template: {e}") from e
         pod = replace(pod, queue=queue, creation_time=at)
+        if running is not None:
+            started = running[1]
+            pod = replace(
+                pod,
+                node_name=running[0][k],
+                phase=PodPhase.RUNNING,
+                start_time=started,
+                creation_time=started,
+            )
         if gang is None:
+            # A pod without a PodGroup speaks for its gang of one (label, annotation).
             implicit = Gang(
                 namespace=namespace,
                 name=pod_name,
                 min_member=1,
                 queue=queue,
                 priority=pod.priority,
-                preemptible=pod.priority < 100,
-                creation_time=at,
+                preemptible=hints.preemptibility == "preemptible"
+                if hints.preemptibility
+                else pod.priority < BUILD_PRIORITY,
+                creation_time=pod.creation_time,
                 implicit=True,
+                preemption_delay_seconds=hints.preemption_delay or 0.0,
+                may_preempt=hints.may_preempt,
             )
             gangs.append(implicit)
             pod = replace(pod, gang=implicit.key)
         else:
+            if not hints.may_preempt:  # a gang may take back only if every pod may
+                gang = replace(gang, may_preempt=False)
+                gangs = [gang]
             pod = replace(pod, gang=gang.key)
         pods.append(pod)
-    return JobArrival(name, at, duration, tuple(pods), tuple(gangs)), shared_key
+    if running is not None and gang is not None:
+        gangs = [replace(gang, creation_time=min(gang.creation_time, running[1]))]
+    job = JobArrival(name, at, duration, tuple(pods), tuple(gangs), grace, running is not None)
+    return job, shared_key
 
 
 def _gang(
     obj: Mapping[str, Any],
     path: str,
     job_queue: Any,
-    priorities: dict[str, int],
+    priorities: PriorityClasses,
     at: float,
     *,
     inline: bool = False,
@@ -270,6 +393,9 @@ def _gang(
         raise ScenarioError(path, f"not a valid PodGroup: {e}") from e
     if not isinstance(gang.queue, str):
         raise ScenarioError(f"{path}.{'' if inline else 'spec.'}queue", "must be a queue name")
+    pc = (obj.get("spec") or {}).get("priorityClassName") or ""
+    if pc in priorities.never:
+        gang = replace(gang, may_preempt=False)
     return replace(gang, creation_time=at)
 
 
@@ -277,7 +403,7 @@ def parse_jobs(
     raw: Any,
     queue_names: set[str],
     groups: dict[str, PodGroupDef],
-    priorities: dict[str, int],
+    priorities: PriorityClasses,
 ) -> tuple[JobArrival, ...]:
     """The ``jobs`` section; pod and job names must be unique per namespace."""
     jobs: list[JobArrival] = []
@@ -299,11 +425,13 @@ def parse_jobs(
             pod_keys.add(pod.key)
         jobs.append(job)
         shared_keys.append(shared_key)
-    # Jobs sharing a PodGroup share one gang: it exists from the earliest job's arrival.
+    # Jobs sharing a PodGroup share one gang: it exists from the earliest job's arrival (or
+    # the start of a job already running).
     first: dict[str, float] = {}
     for job, key in zip(jobs, shared_keys, strict=True):
         if key:
-            first[key] = min(first.get(key, job.at), job.at)
+            created = min(g.creation_time for g in job.gangs)
+            first[key] = min(first.get(key, created), created)
     return tuple(
         replace(job, gangs=tuple(replace(g, creation_time=first[key]) for g in job.gangs))
         if key

@@ -1,0 +1,117 @@
+"""No reclaim ping-pong: a property test over random queue trees and arrivals, run through
+the simulator for 50 cycles (docs/taking-back.md).
+
+Nothing finishes during a run, so the only things that change who deserves what are
+arrivals. Hence: a gang is never evicted twice without an arrival in between (that would be
+the same fairness gap decided two ways), and once arrivals stop, evictions stop within a few
+cycles (the set of evictions converges).
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler.simulate.engine import simulate
+from scheduler.simulate.scenario import parse_scenario
+
+PERIOD = 10.0
+CYCLES = 50
+GRACE = 10.0
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> dict[str, Any]:
+    nodes = draw(st.integers(2, 3))
+    total = nodes * 8
+    leaves = draw(st.integers(2, 4))
+    depth_two = draw(st.booleans()) and leaves >= 3
+    quotas = [draw(st.integers(0, total // leaves)) for _ in range(leaves)]
+    weights = [draw(st.integers(0, 3)) for _ in range(leaves)]
+    queues: list[dict[str, Any]] = [
+        {"metadata": {"name": "org"}, "spec": {"resources": {"gpu": {"quota": total}}}}
+    ]
+    parents = ["org"]
+    if depth_two:  # two departments; leaves split between them
+        for d in ("x", "y"):
+            queues.append(
+                {
+                    "metadata": {"name": f"dept-{d}"},
+                    "spec": {
+                        "parentQueue": "org",
+                        "resources": {"gpu": {"quota": total // 2, "overQuotaWeight": 1}},
+                    },
+                }
+            )
+        parents = ["dept-x", "dept-y"]
+    for i in range(leaves):
+        queues.append(
+            {
+                "metadata": {"name": f"q{i}"},
+                "spec": {
+                    "parentQueue": parents[i % len(parents)],
+                    "resources": {"gpu": {"quota": quotas[i], "overQuotaWeight": weights[i]}},
+                },
+            }
+        )
+    jobs = []
+
+    def job(at: int, queue: int) -> int:
+        pods = draw(st.integers(1, 3))
+        size = draw(st.sampled_from([1, 2, 2, 4, 4, 8]))
+        jobs.append(
+            {
+                "name": f"j{len(jobs)}",
+                "queue": f"q{queue}",
+                "at": f"{int(at * PERIOD)}s",
+                "duration": "10h",
+                "priorityClassName": draw(st.sampled_from(["train", "train", "build-preemptible"])),
+                "podGroup": {"minMember": pods},
+                "pods": {"count": pods, "resources": {"nvidia.com/gpu": size}},
+            }
+        )
+        return pods * size
+
+    # A first wave from some queues fills the cluster; later arrivals must take back.
+    asked = 0
+    while asked < total:
+        asked += job(0, draw(st.integers(0, max(0, leaves - 2))))
+    for _ in range(draw(st.integers(1, 8))):
+        job(draw(st.sampled_from([5, 10, 15, 20])), draw(st.integers(0, leaves - 1)))
+    return {
+        "name": "convergence",
+        "settings": {
+            "cyclePeriod": f"{int(PERIOD)}s",
+            "end": f"{int(PERIOD * CYCLES)}s",
+            "terminationGracePeriod": f"{int(GRACE)}s",
+            "solverTimeLimit": "0.2s",
+        },
+        "nodes": [{"name": "n", "count": nodes, "gpus": 8, "cpu": 128, "memory": "1Ti"}],
+        "queues": queues,
+        "jobs": jobs,
+    }
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_evictions_converge_and_never_ping_pong(data: dict[str, Any]) -> None:
+    scenario = parse_scenario(data)
+    result = simulate(scenario)
+    arrivals = sorted({j.at for j in scenario.jobs})
+    times_by_gang: dict[str, list[float]] = {}
+    for record in result.cluster.evictions:
+        times = times_by_gang.setdefault(record.eviction.gang, [])
+        if not times or times[-1] != record.time:
+            times.append(record.time)
+    for gang, times in times_by_gang.items():
+        for earlier, later in pairwise(times):
+            assert any(earlier < a <= later for a in arrivals), (
+                f"{gang} evicted at {earlier} and again at {later} with no arrival between"
+            )
+    last = scenario.last_arrival
+    settle = last + GRACE + 5 * PERIOD
+    late = [r for r in result.cluster.evictions if r.time > settle]
+    assert not late, f"evictions after arrivals stopped at {last}: {late[:3]}"
