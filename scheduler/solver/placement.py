@@ -170,6 +170,10 @@ class Placement:
     #: *nominations*: held on their nodes (nobody else may take the space) and bound only
     #: once every pod listed here is gone.
     waits_for: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: A lower bound of the GPU thousandths any plan must evict to admit the gangs that
+    #: evicted, taken in the same order: per gang, the whole GPUs it asks for minus the whole
+    #: free GPUs on the nodes it accepts at its turn (0 when nothing was evicted).
+    min_evicted_gpu_milli: int = 0
 
     @property
     def freed(self) -> frozenset[str]:

@@ -174,6 +174,7 @@ def solve(
         assignments=tuple(final),
         evictions=tuple(taken.evictions),
         waits_for=dict(taken.waits_for),
+        min_evicted_gpu_milli=taken.min_evicted_gpu_milli,
         outcomes=outcomes,
         status=status,
         objective=_reported_objective(cp, hybrid=assignments is cp_assignments),

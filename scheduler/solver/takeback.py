@@ -63,6 +63,9 @@ __all__ = ["TakeBack", "take_back"]
 
 log = structlog.get_logger(__name__)
 
+#: Units the cheapest-first greedy releases at most before it gives up.
+MAX_GREEDY_UNITS = 256
+
 #: Consolidation candidates in one gang's model at most (cheapest first).
 MAX_MODEL_MOVERS = 64
 
@@ -84,12 +87,16 @@ class TakeBack:
     waits_for: dict[str, tuple[str, ...]] = field(default_factory=dict)
     #: Pending gang -> why it could not take anything back (for the explainer).
     refused: dict[str, str] = field(default_factory=dict)
+    #: See :attr:`scheduler.solver.placement.Placement.min_evicted_gpu_milli`.
+    min_evicted_gpu_milli: int = 0
 
 
 @dataclass
 class _Choice:
     evict: dict[int, EvictAction]  # unit id -> action
     move: set[int]
+    #: Whole GPUs any plan must free for the gang (see Placement.min_evicted_gpu_milli).
+    floor: int = 0
 
 
 def take_back(
@@ -232,6 +239,7 @@ def take_back(
             pdb_used[b.key] += sum(1 for p in b.pod_uids if p in set(uids))
         out.assignments += assignments
         out.waits_for[g.key] = tuple(uids)
+        out.min_evicted_gpu_milli += found.floor * GPU_MILLI
         admitted.add(g.key)
         log.info(
             "taken_back",
@@ -331,6 +339,7 @@ def _solve_one(
         accepting.update(names)
         if any((d := state.demand_on(p, slot)) is not None and slot.fits(d) for p in reps):
             roomy.update(names)
+    floor = _min_devices_to_free(g, state, accepting)
     victim_nodes: dict[str, list[Unit]] = defaultdict(list)
     for i in actions:
         for n in units[i].nodes & accepting:
@@ -364,6 +373,8 @@ def _solve_one(
         [units[i] for i in actions], actions, g, snapshot.queue_tree, book.report, book.charged
     )
     hint = _greedy_choice(snapshot, g, units, actions, state, pdb_used, rooms, accepting)
+    if hint is not None:
+        hint.floor = floor
     if greedy_only:
         return hint
 
@@ -504,7 +515,10 @@ def _solve_one(
             {uid for uid, var in m.items() if solver.value(var)},
         )
         if hint is None or _total(choice, cost) <= _total(hint, cost):
+            choice.floor = floor
             return choice
+    if hint is not None:
+        hint.floor = floor
     return hint
 
 
@@ -517,6 +531,31 @@ def _group(pods: Sequence[Pod]) -> dict[object, list[Pod]]:
     for p in pods:
         out.setdefault(shape_key(p), []).append(p)
     return out
+
+
+def _min_devices_to_free(g: GangRequest, state: ClusterState, accepting: set[str]) -> int:
+    """A lower bound of the whole GPUs that must be freed for ``g`` to fit: as if every pod
+    asked for the smallest whole-GPU count ``k`` among them, each pod needs ``k`` free
+    devices on one node; a node with ``f`` free of ``cap`` takes ``f // k`` pods for nothing,
+    one more for ``k - f % k`` freed devices, each further one for ``k``."""
+    counts = [p.gpu.count for p in g.required if p.gpu is not None and p.gpu.whole]
+    if not counts:
+        return 0
+    k, pods = min(counts), len(counts)
+    free_slots = 0
+    costs: list[int] = []
+    for n in accepting:
+        slot = state.nodes[n]
+        cap = len(slot.gpu_free) // k
+        f = sum(1 for x in slot.gpu_free if x >= GPU_MILLI)
+        free_slots += f // k
+        more = cap - f // k
+        if more > 0 and f % k:
+            costs.append(k - f % k)
+            more -= 1
+        costs += [k] * min(more, pods)
+    need = pods - free_slots
+    return sum(sorted(costs)[:need]) if need > 0 else 0
 
 
 class _Need:
@@ -566,6 +605,41 @@ class _Need:
         return total >= self.devices and best >= self.largest
 
 
+def _node_order(
+    useful: Sequence[int],
+    units: Sequence[Unit],
+    cost: Mapping[int, int],
+    state: ClusterState,
+    accepting: set[str],
+) -> list[int]:
+    """Units in the order the greedy takes them: node by node, the nodes that free the most
+    GPUs per unit of cost first, and on each node its cheapest units first. Taking the
+    cheapest units cluster-wide would free a device here and a device there, and a gang of
+    large pods needs whole nodes' worth of room."""
+    on_node: dict[str, list[int]] = defaultdict(list)
+    for i in useful:
+        for n in units[i].nodes & accepting:
+            on_node[n].append(i)
+
+    def node_key(n: str) -> tuple[float, str]:
+        slot = state.nodes[n]
+        freed = sum(1 for f in slot.gpu_free if f >= GPU_MILLI)
+        freed += sum(
+            len(p.gpu_grant) for i in on_node[n] for p in units[i].pods if p.node_name == n
+        )
+        total = sum(cost[i] for i in on_node[n])
+        return (total / max(1, freed), n)
+
+    order: list[int] = []
+    seen: set[int] = set()
+    for n in sorted(on_node, key=node_key):
+        for i in sorted(on_node[n], key=lambda i: (cost[i], i)):
+            if i not in seen:
+                seen.add(i)
+                order.append(i)
+    return order
+
+
 def _greedy_choice(
     snapshot: Snapshot,
     g: GangRequest,
@@ -585,9 +659,35 @@ def _greedy_choice(
     times."""
     now = snapshot.now
     ranks = {p: i for i, p in enumerate(sorted({u.priority for u in units}))}
-    scale = sum(units[i].work(now) for i in actions) + 1
     useful = [i for i in actions if units[i].nodes & accepting]
-    order = sorted(useful, key=lambda i: (_cost(units[i], now, ranks, scale), i))
+    scale = sum(units[i].work(now) for i in useful) + 1
+    cost = {i: _cost(units[i], now, ranks, scale) for i in useful}
+    best: _Choice | None = None
+    # Two orders: cheapest units first (best when little room is needed), and node by node
+    # (best when the gang needs whole nodes); the cheaper answer wins.
+    cheapest = sorted(useful, key=lambda i: (cost[i], i))[:MAX_GREEDY_UNITS]
+    for order in (cheapest, _node_order(useful, units, cost, state, accepting)):
+        found = _greedy_in_order(
+            snapshot, g, units, actions, state, pdb_used, rooms, accepting, order, cost
+        )
+        if found is not None and (best is None or _total(found, cost) < _total(best, cost)):
+            best = found
+    return best
+
+
+def _greedy_in_order(
+    snapshot: Snapshot,
+    g: GangRequest,
+    units: Sequence[Unit],
+    actions: Mapping[int, EvictAction],
+    state: ClusterState,
+    pdb_used: Mapping[str, int],
+    rooms: Mapping[str, tuple[tuple[str, int], ...]],
+    accepting: set[str],
+    order: Sequence[int],
+    cost: Mapping[int, int],
+) -> _Choice | None:
+    """:func:`_greedy_choice` for one order of the units."""
     budgets = [
         (b.key, set(b.pod_uids), b.allowed - pdb_used.get(b.key, 0)) for b in snapshot.budgets
     ]
@@ -654,7 +754,7 @@ def _greedy_choice(
                 break
         if not found:
             return None
-        for i in sorted(gone, key=lambda i: -_cost(units[i], now, ranks, scale)):
+        for i in sorted(gone, key=lambda i: -cost[i]):
             if tries >= 2 * MAX_GREEDY_TRIES:
                 break
             give_back(i)

@@ -139,6 +139,7 @@ def test_reclaim_restores_starved_queue_to_fair_share_and_stops(
     p = run(snap(NODES, two_queues(), *full_of_a(), *pending), settings)
     actions = evicted_gangs(p)
     assert len(actions) == 2 and set(actions.values()) == {"reclaim"}
+    assert p.min_evicted_gpu_milli == 8000  # two 4-GPU gangs on a full cluster
     assert len(placed(p) & {"b0", "b1", "b2"}) == 2
     # Queue a keeps exactly its fair share (8 GPUs): two of its four gangs stay.
     gone = {f"default/{g}" for g in actions}
@@ -279,6 +280,8 @@ def test_fewest_gpus_evicted_when_several_choices_are_valid(settings: PlacementS
     want = make_gang("want", 1, queue="a", gpus=2, priority=75, created=NOW - 1)
     p = run(snap(NODES, queues, small, big, filler, want), settings)
     assert set(evicted_gangs(p)) == {"small"}
+    # The reported lower bound: two devices had to be freed, and two were.
+    assert p.min_evicted_gpu_milli == 2000
 
 
 @BOTH
