@@ -16,7 +16,10 @@ from scheduler.cluster.queue import QUEUE_RESOURCES
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.fairness import FairShareReport
 
-__all__ = ["SchedulerMetrics", "queue_units"]
+__all__ = ["EVICTION_FAILURE_REASONS", "SchedulerMetrics", "queue_units"]
+
+#: The ``reason`` label values of ``kai_eviction_failures_total``.
+EVICTION_FAILURE_REASONS = ("pdb", "error", "not_leader", "timeout")
 
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -60,9 +63,26 @@ class SchedulerMetrics:
             "kai_bind_failures", "Bind attempts that failed for good.", registry=r
         )
         self.evictions = Counter(
-            "kai_evictions", "Pods evicted, by reason.", ["reason"], registry=r
+            "kai_evictions",
+            "Pods evicted, by why (reclaim, preempt, consolidate, shrink, stale_gang) and the "
+            "queue of the evicted pod.",
+            ["action", "queue"],
+            registry=r,
         )
-        self.evictions.labels(reason="stale_gang")  # exported as 0 before the first one
+        self.eviction_failures = Counter(
+            "kai_eviction_failures",
+            "Evictions that did not happen (pdb: refused by a PodDisruptionBudget; error; "
+            "not_leader), and plans dropped because evicted pods did not go in time (timeout).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in EVICTION_FAILURE_REASONS:  # exported as 0 before the first one
+            self.eviction_failures.labels(reason=reason)
+        self.nominated_pods = Gauge(
+            "kai_nominated_pods",
+            "Pods holding a place on a node while the pods evicted for them terminate.",
+            registry=r,
+        )
         self.queue_allocated = Gauge(
             "kai_queue_allocated",
             "Resources held by a queue (gpu devices, cpu millicores, memory MB).",

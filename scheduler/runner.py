@@ -6,7 +6,8 @@ code 1 rather than limping on):
 - the :class:`~scheduler.k8s.watch.Watcher` keeping the :class:`~scheduler.cache.Cache` current;
 - the :class:`~scheduler.k8s.lease.LeaderElector` when ``--leader-elect`` is on;
 - the cycle loop: a cycle every ``cyclePeriod``, or sooner when the cache reports new pending
-  work (debounced so a burst of pods makes one cycle). Only the leader runs cycles; solving
+  work or freed capacity, e.g. an evicted pod gone, which lets a gang waiting for it be bound
+  (debounced so a burst of pods makes one cycle). Only the leader runs cycles; solving
   happens in a worker thread inside :func:`scheduler.cycle.run_cycle`, so the event loop
   keeps serving watches, probes and the Lease meanwhile.
 
@@ -35,7 +36,7 @@ from scheduler.cache import Cache
 from scheduler.cluster import CPU, GPU, PODS, GpuRequest, Node, Pod, Queue, Resources, Snapshot
 from scheduler.cluster.gang import Gang
 from scheduler.cluster.queuespec import SpecError, parse_duration
-from scheduler.commit import LiveBackend
+from scheduler.commit import DEFAULT_NOMINATION_TIMEOUT, LiveBackend
 from scheduler.config import SchedulerConfig, ServiceSettings
 from scheduler.cycle import run_cycle
 from scheduler.health import HealthServer, HealthState
@@ -79,6 +80,8 @@ class Scheduler:
         self.backend: LiveBackend | None = None
         self.cache = Cache(config.scheduler_name, config.default_queue)
         self.lost_leadership = False
+        #: Seconds a gang held on its nodes waits for the pods evicted for it to terminate.
+        self.nomination_timeout = DEFAULT_NOMINATION_TIMEOUT
 
     def is_leader(self) -> bool:
         """True when this replica may bind (always, without leader election)."""
@@ -154,7 +157,12 @@ class Scheduler:
         else:
             self.metrics.leader.set(1)
         backend = LiveBackend(
-            self.cache, writer, is_leader=self.is_leader, metrics=self.metrics, grace=self._grace
+            self.cache,
+            writer,
+            is_leader=self.is_leader,
+            metrics=self.metrics,
+            grace=self._grace,
+            nomination_timeout=self.nomination_timeout,
         )
         self.backend = backend
         tasks: dict[str, asyncio.Task[Any]] = {
@@ -282,6 +290,7 @@ class Scheduler:
                     self.metrics.observe_fair_share(report.fair_share)
                     self.metrics.binds_in_flight.set(backend.binds_in_flight)
                     self.metrics.assumed_pods.set(len(self.cache.assumed()))
+                    self.metrics.nominated_pods.set(len(self.cache.nominated()))
             await self._wait_trigger(self.cache.pending_changed)
 
 

@@ -14,6 +14,7 @@ BENCHMARKS = {
     "openb": "scheduler.bench.openb",
     "e2e": "scheduler.bench.e2e",
     "cache": "scheduler.bench.cache",
+    "takeback-diff": "scheduler.bench.takeback_diff",
 }
 
 

@@ -2,9 +2,14 @@
 
 Each cycle solves a fresh synthetic snapshot (seed, seed+1, ...) with the same parameters;
 snapshot generation is not timed, ``solve()`` is (fair shares, greedy, CP-SAT, validation,
-explanations). Prints one JSON line. ``best_bound`` bounds the first stage's objective over
-every valid placement (see :mod:`scheduler.solver.bound`), so ``min_objective_over_bound``
-is a lower bound of how close to optimal each cycle got.
+explanations, taking back). Prints one JSON line. ``best_bound`` bounds the first stage's
+objective over every valid placement (see :mod:`scheduler.solver.bound`), so
+``min_objective_over_bound`` is a lower bound of how close to optimal each cycle got.
+
+``--running-fill F`` makes a share F of the GPUs held by running preemptible gangs of
+over-quota queues while the pending gangs come from queues below their fair share (see
+:mod:`scheduler.bench.synthetic`), so cycles must reclaim; ``evicted_gpus`` reports what
+each cycle took back. Placements are validated on the cluster without the evicted pods.
 """
 
 from __future__ import annotations
@@ -16,12 +21,17 @@ import os
 import resource
 import statistics
 import time
+from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import structlog
 
 from scheduler.bench.synthetic import ClusterSpec, synthetic_snapshot
-from scheduler.solver import PlacementSettings, solve, validate
+from scheduler.cluster.pod import PodPhase
+from scheduler.cluster.queue import pod_queue_usage
+from scheduler.cluster.snapshot import Snapshot
+from scheduler.solver import Placement, PlacementSettings, solve, validate
 
 __all__ = ["add_parser", "run"]
 
@@ -35,6 +45,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--gangs", type=int, default=200, help="pending gangs per cycle")
     p.add_argument("--fill", type=float, default=0.7, help="GPU fraction already in use")
+    p.add_argument(
+        "--running-fill",
+        type=float,
+        default=0.0,
+        help="GPU fraction held by running preemptible gangs of over-quota queues (part of "
+        "--fill); pending gangs then come from queues below their fair share, so cycles "
+        "must reclaim",
+    )
+    p.add_argument(
+        "--no-take-back",
+        action="store_true",
+        help="never evict (reclaim, preemption, consolidation, shrink) in the cycles",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cycles", type=int, default=5)
     p.add_argument(
@@ -63,10 +86,36 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+def after_evictions(snapshot: Snapshot, placement: Placement) -> Snapshot:
+    """The cluster once the placement's victims are gone; a victim that the placement also
+    assigns (a consolidation move) is pending again."""
+    evicted = {e.pod_uid for e in placement.evictions}
+    if not evicted:
+        return snapshot
+    again = {a.pod_uid for a in placement.assignments}
+    pods = tuple(
+        replace(p, node_name=None, gpu_grant=(), phase=PodPhase.PENDING, deleting=False)
+        if p.uid in again
+        else p
+        for p in snapshot.pods
+        if p.uid not in evicted or p.uid in again
+    )
+    return replace(snapshot, pods=pods)
+
+
+def evicted_gpus(snapshot: Snapshot, placement: Placement) -> float:
+    """GPUs (devices) the placement's victims hold."""
+    evicted = {e.pod_uid for e in placement.evictions}
+    milli = sum(pod_queue_usage(p)["gpu"] for p in snapshot.pods if p.uid in evicted)
+    return milli / 1000
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; print one JSON line; 0 when every placement was valid."""
     if args.nodes < 1 or args.gangs < 0 or not 0 <= args.fill <= 1 or args.cycles < 1:
         raise SystemExit("--nodes >= 1, --gangs >= 0, --cycles >= 1 and 0 <= --fill <= 1")
+    if not 0 <= args.running_fill <= 1:
+        raise SystemExit("--running-fill must be between 0 and 1 (a share of the GPUs)")
     try:
         priorities = tuple(int(p) for p in args.priorities.split(","))
     except ValueError:
@@ -79,10 +128,12 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         greedy_only=args.greedy_only,
         lower_tier_stages=args.lower_tier_stages,
+        take_back=not args.no_take_back,
     )
     seconds: list[float] = []
     cpu: list[float] = []  # process CPU time (all threads): comparable under contention
     rows: list[dict[str, Any]] = []
+    actions: Counter[str] = Counter()
     invalid = 0
     for k in range(args.cycles):
         spec = ClusterSpec(
@@ -93,14 +144,16 @@ def run(args: argparse.Namespace) -> int:
             args.seed + k,
             args.jitter,
             priorities,
+            args.running_fill,
         )
         snap = synthetic_snapshot(spec)
         started, cpu_started = time.perf_counter(), time.process_time()
         placement = solve(snap, settings, cycle=k)
         seconds.append(time.perf_counter() - started)
         cpu.append(time.process_time() - cpu_started)
-        if validate(snap, placement.assignments):
+        if validate(after_evictions(snap, placement), placement.assignments):
             invalid += 1
+        actions.update(e.action for e in placement.evictions)
         rows.append(
             {
                 "status": placement.status.value,
@@ -113,6 +166,10 @@ def run(args: argparse.Namespace) -> int:
                 "build": placement.build_seconds,
                 "solve": placement.solve_seconds,
                 "explain": placement.explain_seconds,
+                "evicted_gpus": evicted_gpus(snap, placement),
+                "min_evicted_gpus": placement.min_evicted_gpu_milli / 1000,
+                "evicted_pods": len(placement.evictions),
+                "nominated_gangs": len(placement.waits_for),
             }
         )
     ratios = [r["objective"] / r["bound"] for r in rows if r["bound"]]
@@ -124,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
         "gpus_per_node": args.gpus_per_node,
         "gangs": args.gangs,
         "fill": args.fill,
+        "running_fill": args.running_fill,
+        "take_back": not args.no_take_back,
         "seed": args.seed,
         "cycles": args.cycles,
         "time_limit": args.time_limit,
@@ -141,6 +200,13 @@ def run(args: argparse.Namespace) -> int:
         "admitted_gangs": statistics.mean(r["gangs"] for r in rows),
         "admitted_pods": statistics.mean(r["pods"] for r in rows),
         "admitted_gpus": statistics.mean(r["gpus"] for r in rows),
+        "evicted_gpus": [r["evicted_gpus"] for r in rows],
+        "evicted_gpus_p50": statistics.median(r["evicted_gpus"] for r in rows),
+        # A lower bound of what had to be evicted to admit the same gangs in the same order.
+        "min_evicted_gpus": [r["min_evicted_gpus"] for r in rows],
+        "evicted_pods": [r["evicted_pods"] for r in rows],
+        "nominated_gangs": [r["nominated_gangs"] for r in rows],
+        "evictions_by_action": dict(sorted(actions.items())),
         "status": [r["status"] for r in rows],
         "objective": last["objective"],
         "best_bound": last["bound"],

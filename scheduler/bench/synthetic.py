@@ -4,6 +4,14 @@ Builders take human units (GPUs, CPU cores, GiB) and return the domain types. Th
 builds a heterogeneous cluster (several node shapes, taints and labels on some, a 3-level
 queue tree with quotas), fills it to a given fraction with running pods and adds pending
 gangs of mixed sizes, including fractional GPU pods.
+
+With ``running_fill`` F > 0, a share F of the cluster's GPUs is held by running, preemptible
+gangs (priority 50, one to four pods across nodes, started 10 minutes to 2 hours ago) of two
+leaf queues far above their quota (:data:`OVER_QUOTA_LEAVES`); the rest of the fill (``fill``
+is the total, raised to F if lower) is work of the same priority in the other four leaves,
+and every pending gang comes from those. With F well above their share of the fill, those leaves
+stay below their quota (fill 0.7, F 0.5: about 0.05 of the GPUs each, quota 0.08), so cycles
+must take back (reclaim) to admit work.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from scheduler.cluster.snapshot import Snapshot
 
 __all__ = [
     "GIB",
+    "OVER_QUOTA_LEAVES",
     "ClusterSpec",
     "make_gang",
     "make_node",
@@ -78,10 +87,12 @@ def make_pod(
     tolerations: Iterable[Toleration] = (),
     affinity: Iterable[NodeSelectorTerm] = (),
     created: float = 0.0,
+    started: float = 0.0,
 ) -> Pod:
     """A pod; running (phase Running) when ``node`` is given, else pending.
 
-    ``gpus`` whole devices, or ``fraction`` of one device, or ``gpu_memory_mib`` of one.
+    ``gpus`` whole devices, or ``fraction`` of one device, or ``gpu_memory_mib`` of one;
+    ``started``: its ``start_time`` (0: unknown, the creation time stands in).
     """
     requests = {CPU: int(cpu * 1000), MEMORY: int(memory_gib * GIB)}
     gpu: GpuRequest | None = None
@@ -108,6 +119,7 @@ def make_pod(
         node_name=node,
         gpu_grant=grant,
         creation_time=created,
+        start_time=started,
     )
 
 
@@ -189,6 +201,9 @@ class ClusterSpec:
     jitter: int = 0
     #: Priorities drawn (uniformly) for pending gangs; >= 100 means non-preemptible.
     priorities: tuple[int, ...] = (50, 50, 50, 100)
+    #: Share of all GPUs held by running preemptible gangs of over-quota queues (see the
+    #: module docstring); 0 keeps the plain fill (and the exact same snapshots as before).
+    running_fill: float = 0.0
 
 
 # (share of nodes, gpus scale, cpu cores, memory GiB, labels, taints)
@@ -208,6 +223,13 @@ _NODE_SHAPES: list[tuple[float, float, int, int, dict[str, str], tuple[Taint, ..
 # whole GPUs per pod, pods per gang (min, max), weight: about 5 pods per gang on average
 _GANG_SHAPES = [(1, (1, 8), 4), (2, (2, 8), 2), (4, (2, 8), 2), (8, (2, 8), 1), (0, (1, 8), 1)]
 _LEAVES = ["r0-t0-a", "r0-t0-b", "r0-t1-a", "r1-t0-a", "r1-t0-b", "r1-t1-a"]
+#: With ``running_fill``: leaves whose running work far exceeds their quota (one per root, so
+#: each has siblings and cousins below their fair share that may reclaim from it).
+OVER_QUOTA_LEAVES = ("r0-t0-a", "r1-t1-a")
+_UNDER_QUOTA_LEAVES = [leaf for leaf in _LEAVES if leaf not in OVER_QUOTA_LEAVES]
+#: Priority of all running work with ``running_fill`` ("train": preemptible, and equal to
+#: the usual pending priority, so that pending gangs take back by reclaim, not preemption).
+_RUNNING_PRIORITY = 50
 
 
 def _queues(total_gpus: int) -> list[Queue]:
@@ -265,15 +287,24 @@ def synthetic_snapshot(spec: ClusterSpec) -> Snapshot:
     pods: list[Pod] = []
     gangs: list[Gang] = []
     toleration = Toleration("dedicated", "Equal", "training")
+    now = 1e6
+    taking_back = spec.running_fill > 0
+    held: dict[str, int] = {}
+    if taking_back:
+        held = _over_quota_gangs(rng, nodes, spec.running_fill, now, toleration, pods, gangs)
+    leaves = _UNDER_QUOTA_LEAVES if taking_back else _LEAVES
+    # With taking back, the rest of the running work has the usual pending priority too.
+    protected: dict[str, Any] = {"priority": _RUNNING_PRIORITY} if taking_back else {}
+    gang_protected: dict[str, Any] = {"priority": _RUNNING_PRIORITY} if taking_back else {}
     # running pods: whole-GPU pods per node up to the fill, a few fractional
     for n in nodes:
         target = round(n.gpu_count * spec.fill + rng.uniform(-1.5, 1.5))
         target = max(0, min(n.gpu_count, target))
-        used = 0
+        used = held.get(n.name, 0)
         k = 0
         while used < target:
             take = min(rng.choice([1, 1, 2, 4]), target - used)
-            leaf = rng.choice(_LEAVES)
+            leaf = rng.choice(leaves)
             name = f"run-{n.name}-{k}"
             grant = tuple((used + j, GPU_MILLI) for j in range(take))
             noise = rng.randint(0, spec.jitter) if spec.jitter else 0
@@ -287,9 +318,10 @@ def synthetic_snapshot(spec: ClusterSpec) -> Snapshot:
                     node=n.name,
                     grant=grant,
                     tolerations=(toleration,),
+                    **protected,
                 )
             )
-            gangs.append(Gang("default", name, 1, leaf))
+            gangs.append(Gang("default", name, 1, leaf, **gang_protected))
             used += take
             k += 1
         if used < n.gpu_count and rng.random() < 0.2:
@@ -297,20 +329,21 @@ def synthetic_snapshot(spec: ClusterSpec) -> Snapshot:
             pods.append(
                 make_pod(
                     name,
-                    queue=rng.choice(_LEAVES),
+                    queue=rng.choice(leaves),
                     fraction=0.5,
                     cpu=4,
                     memory_gib=32,
                     node=n.name,
                     grant=((used, 500),),
+                    **protected,
                 )
             )
-            gangs.append(Gang("default", name, 1, pods[-1].queue))
+            gangs.append(Gang("default", name, 1, pods[-1].queue, **gang_protected))
     weights = [w for *_, w in _GANG_SHAPES]
     for g in range(spec.gangs):
         gpus, (lo, hi), _ = rng.choices(_GANG_SHAPES, weights)[0]
         size = rng.randint(lo, hi)
-        leaf = rng.choice(_LEAVES)
+        leaf = rng.choice(leaves)
         priority = rng.choice(spec.priorities)
         extra: dict[str, Any] = {}
         roll = rng.random()
@@ -339,4 +372,87 @@ def synthetic_snapshot(spec: ClusterSpec) -> Snapshot:
         )
         gangs.append(gang)
         pods.extend(members)
-    return Snapshot(tuple(nodes), tuple(pods), tuple(gangs), tuple(queues), now=1e6)
+    return Snapshot(tuple(nodes), tuple(pods), tuple(gangs), tuple(queues), now=now)
+
+
+def _over_quota_gangs(
+    rng: random.Random,
+    nodes: list[Node],
+    share: float,
+    now: float,
+    toleration: Toleration,
+    pods: list[Pod],
+    gangs: list[Gang],
+) -> dict[str, int]:
+    """Running preemptible gangs of :data:`OVER_QUOTA_LEAVES` holding ``share`` of all GPUs
+    (whole devices, about ``share`` of every node, first fit over the nodes in random order);
+    appends to ``pods`` and ``gangs`` and returns the GPUs they hold per node."""
+    order = [n for n in nodes if n.gpu_count]
+    rng.shuffle(order)
+    target = round(share * sum(n.gpu_count for n in nodes))
+    # Spread over the nodes like the rest of the fill, so the fill stays what was asked.
+    cap = {
+        n.name: max(0, min(n.gpu_count, round(n.gpu_count * share + rng.uniform(-1.5, 1.5))))
+        for n in order
+    }
+    used = dict.fromkeys((n.name for n in order), 0)
+    biggest = max(cap.values(), default=0)
+    first_free = 0  # nodes before this one are full
+    taken = 0
+    g = 0
+    while taken < target and first_free < len(order):
+        per = min(rng.choice([1, 2, 4, 8]), biggest, target - taken)
+        size = min(rng.randint(1, 4), -(-(target - taken) // per))
+        leaf = OVER_QUOTA_LEAVES[g % len(OVER_QUOTA_LEAVES)]
+        started = now - rng.uniform(600, 7200)
+        name = f"over-{g:05d}"
+        members: list[Pod] = []
+        i = first_free
+        while len(members) < size and i < len(order):
+            n = order[i]
+            if cap[n.name] - used[n.name] < per:
+                i += 1
+                continue
+            base = used[n.name]
+            members.append(
+                make_pod(
+                    f"{name}-{len(members)}",
+                    gang=name,
+                    queue=leaf,
+                    gpus=per,
+                    cpu=8 * per,
+                    memory_gib=64 * per,
+                    priority=_RUNNING_PRIORITY,
+                    node=n.name,
+                    grant=tuple((base + j, GPU_MILLI) for j in range(per)),
+                    tolerations=(toleration,),
+                    created=started,
+                    started=started,
+                )
+            )
+            used[n.name] += per
+        while (
+            first_free < len(order) and used[order[first_free].name] >= cap[order[first_free].name]
+        ):
+            first_free += 1
+        if not members:
+            # No node has ``per`` free devices left: try smaller pods.
+            biggest = per - 1
+            if biggest < 1:
+                break
+            continue
+        pods.extend(members)
+        gangs.append(
+            Gang(
+                "default",
+                name,
+                len(members),
+                leaf,
+                priority=_RUNNING_PRIORITY,
+                preemptible=True,
+                creation_time=started,
+            )
+        )
+        taken += per * len(members)
+        g += 1
+    return {k: v for k, v in used.items() if v}

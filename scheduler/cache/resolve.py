@@ -8,7 +8,12 @@ Rules (the contract every stage shares):
 - Queue: the PodGroup's ``spec.queue``, else the ``kai.scheduler/queue`` label (of the pod, or
   for a PodGroup of its oldest labelled member), else the configured default queue.
 - Priority: the PodGroup's ``priorityClassName`` when set (members take it too), else the
-  highest member priority; preemptible unless the PodGroup says otherwise or priority >= 100.
+  highest member priority.
+- Preemptible: the PodGroup's ``spec.preemptibility``, else its label
+  ``kai.scheduler/preemptibility`` (for an implicit gang: the pod's label), else priority < 100.
+- Preemption delay: the PodGroup's ``spec.preemptionDelay``, else its annotation
+  ``kai.scheduler/preemption-delay`` (for an implicit gang: the pod's annotation), else 0.
+- May preempt: only if no member says ``spec.preemptionPolicy: Never``.
 - A pending pod naming a missing or invalid PodGroup is left out (it cannot be scheduled) and
   becomes a :class:`Problem`; a bound one still occupies its node, in a stand-in gang.
 - Pods of other schedulers only occupy nodes: they keep no gang (``gang == ""``).
@@ -40,13 +45,13 @@ from scheduler.cache.grants import GpuGrant
 from scheduler.cache.problems import Problem
 from scheduler.cluster.gang import Gang
 from scheduler.cluster.pod import Pod
-from scheduler.cluster.queuespec import SpecError, gang_from_k8s
+from scheduler.cluster.podspec import BUILD_PRIORITY, GangHints
+from scheduler.cluster.queuespec import SpecError, gang_from_k8s, preemptibility_of
 from scheduler.k8s.resources import POD, PODGROUP
 
-__all__ = ["PodRecord", "Resolution", "Resolver", "resolve"]
+__all__ = ["BUILD_PRIORITY", "PodRecord", "Resolution", "Resolver", "resolve"]
 
-#: A preemptible gang is one below this priority (KAI's "build" priority).
-BUILD_PRIORITY = 100
+_NO_HINTS = GangHints()
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +72,9 @@ class PodRecord:
     has_priority: bool = True
     #: A problem found while parsing (bad annotation, bad quantity).
     problem: Problem | None = None
+    #: What the pod says about its gang (preemption policy; for an implicit gang also its
+    #: preemptibility label and preemption-delay annotation).
+    hints: GangHints = _NO_HINTS
 
 
 @dataclass(frozen=True)
@@ -104,17 +112,24 @@ def _pod_problem(rec: PodRecord, field: str, message: str, reason: str) -> Probl
     )
 
 
-def _stand_in(pod: Pod, name: str) -> Gang:
+def _stand_in(pod: Pod, name: str, hints: GangHints) -> Gang:
     """A gang of one for a pod without a usable PodGroup (implicit, or bound orphan)."""
+    preemptible = (
+        hints.preemptibility == "preemptible"
+        if hints.preemptibility
+        else pod.priority < BUILD_PRIORITY
+    )
     return Gang(
         namespace=pod.namespace,
         name=name,
         min_member=1,
         queue=pod.queue,
         priority=pod.priority,
-        preemptible=pod.priority < BUILD_PRIORITY,
+        preemptible=preemptible,
         creation_time=pod.creation_time,
         implicit=True,
+        preemption_delay_seconds=hints.preemption_delay or 0.0,
+        may_preempt=hints.may_preempt,
     )
 
 
@@ -318,7 +333,7 @@ class Resolver:
                 name = f"{rec.name}~pod"
                 pod = dataclasses.replace(pod, gang=f"{rec.namespace}/{name}")
             implicit = pod.gang
-            self._implicit[implicit] = _stand_in(pod, name)
+            self._implicit[implicit] = _stand_in(pod, name, rec.hints)
             dirty_gangs.add(implicit)
         if state.implicit and state.implicit != implicit:
             self._implicit.pop(state.implicit, None)
@@ -351,6 +366,7 @@ class Resolver:
             key=lambda st: (st.ready.creation_time, st.ready.key),  # type: ignore[union-attr]
         )
         members = [st.ready for st in states if st.ready is not None]
+        may_preempt = all(st.rec.hints.may_preempt for st in states)
         gang: Gang | None = None
         self._group_problem.pop(key, None)
         if raw is not None:
@@ -358,7 +374,7 @@ class Resolver:
             if isinstance(parsed, SpecError):
                 self._group_problem[key] = _podgroup_problem(raw, parsed)
             else:
-                gang = _with_members(parsed, raw, members, self.default_queue)
+                gang = _with_members(parsed, raw, members, self.default_queue, may_preempt)
         if gang is not None:
             self._pg_gang[key] = gang
         else:
@@ -388,7 +404,7 @@ class Resolver:
                 # Still holds its node (e.g. its PodGroup was deleted while it runs).
                 self._member_problem.pop(pod.uid, None)
                 if orphan is None:
-                    orphan = _stand_in(pod, group_name)
+                    orphan = _stand_in(pod, group_name, GangHints(may_preempt))
                 self._publish(st, pod)
             else:
                 self._member_problem[pod.uid] = self._missing_group(st.rec, key, raw)
@@ -442,13 +458,19 @@ class Resolver:
 
 
 def _with_members(
-    gang: Gang, raw: Mapping[str, Any], members: Sequence[Pod], default_queue: str
+    gang: Gang,
+    raw: Mapping[str, Any],
+    members: Sequence[Pod],
+    default_queue: str,
+    may_preempt: bool = True,
 ) -> Gang:
     """A PodGroup's gang completed from its members (oldest first): the queue of the first
     labelled member when the PodGroup names none, the highest member priority when it names
-    no PriorityClass."""
+    no PriorityClass, and ``may_preempt`` (False when a member's preemption policy is Never)."""
     spec = raw.get("spec") or {}
     changes: dict[str, Any] = {}
+    if gang.may_preempt != may_preempt:
+        changes["may_preempt"] = may_preempt
     if not spec.get("queue"):
         labelled = [p.queue for p in members if p.queue != default_queue]
         if labelled:
@@ -456,7 +478,7 @@ def _with_members(
     if not spec.get("priorityClassName") and members:
         priority = max(p.priority for p in members)
         changes["priority"] = priority
-        if not spec.get("preemptibility"):
+        if not preemptibility_of(raw):
             changes["preemptible"] = priority < BUILD_PRIORITY
     return dataclasses.replace(gang, **changes) if changes else gang
 

@@ -23,6 +23,11 @@ does, so a read-back is never undone by a late event.
 A pod's GPU grant annotation counts only once the pod is bound: a pending pod's leftover grant
 (from an old attempt, or written by hand) never beats the assumption of a new placement.
 
+Taking back: pods the commit *nominated* (a place held while the pods evicted for them
+terminate) and pods it just *evicted* are overlaid on the snapshot (see
+:mod:`scheduler.cache.holds`); PodDisruptionBudgets are resolved against the stored pods into
+``Snapshot.budgets`` (see :mod:`scheduler.cache.budgets`).
+
 Bad input never raises: an object the scheduler cannot read is left out of scheduling and
 reported by :meth:`Cache.problems`; a bound pod still occupies its node as far as it can be read.
 """
@@ -38,6 +43,7 @@ from typing import Any
 
 import structlog
 
+from scheduler.cache.budgets import BudgetIndex
 from scheduler.cache.grants import (
     GPU_GRANT_ANNOTATION,
     GpuGrant,
@@ -45,14 +51,19 @@ from scheduler.cache.grants import (
     normalize_grant,
     parse_gpu_grant,
 )
+from scheduler.cache.holds import Holds, Nomination
 from scheduler.cache.nodespec import node_from_k8s
 from scheduler.cache.problems import Problem
 from scheduler.cache.resolve import PodRecord, Resolution, Resolver
 from scheduler.cluster.node import Node
+from scheduler.cluster.pod import Pod
 from scheduler.cluster.podspec import (
     GANG_ANNOTATIONS,
+    PREEMPTIBILITY_LABEL,
+    PREEMPTION_DELAY_ANNOTATION,
     PodSpecError,
     effective_requests,
+    gang_hints,
     pod_from_k8s,
 )
 from scheduler.cluster.queue import Queue
@@ -156,6 +167,11 @@ class Cache:
         self._absent: set[str] = set()
         self._generation = 0
         self._resolved: tuple[int, Resolution] | None = None
+        #: Nominated and freshly evicted pods (see :mod:`scheduler.cache.holds`).
+        self._holds = Holds()
+        #: The resolved pods with :attr:`_holds` applied, for the generation they are of.
+        self._held: tuple[int, tuple[Pod, ...]] | None = None
+        self._budgets = BudgetIndex()
         self._resolver = Resolver(default_queue)
         self.pending_changed = asyncio.Event()
         """Set whenever something changed that may let a pending pod be placed (new pending
@@ -221,6 +237,11 @@ class Cache:
         if kind == "Pod":
             self._upsert_pod(key, obj)
             return
+        if kind == "PodDisruptionBudget":
+            self._raw[kind][key] = obj
+            if self._budgets.budget_changed(key, obj):
+                self.pending_changed.set()  # a plan a budget held back may work now
+            return
         old = self._raw[kind].get(key)
         self._raw[kind][key] = obj
         if kind == "Node":
@@ -240,6 +261,11 @@ class Cache:
         if kind == "Pod":
             uid = (obj.get("metadata") or {}).get("uid") or self._pod_uid.get(key, "")
             self._drop_pod(uid, key)
+            return
+        if kind == "PodDisruptionBudget":
+            self._raw[kind].pop(key, None)
+            if self._budgets.budget_removed(key):
+                self.pending_changed.set()
             return
         if self._raw[kind].pop(key, None) is None:
             return
@@ -286,8 +312,12 @@ class Cache:
             self._raw["Pod"].pop(key, None)
         self._assumed.pop(uid, None)
         self._pod_rv.pop(uid, None)
+        self._budgets.pod_removed(uid)
+        held = self._holds.forget(uid)
         if self._pods.pop(uid, None) is not None:
             self._changed()
+        elif held:
+            self._generation += 1
 
     def _upsert_pod(self, key: str, obj: dict[str, Any]) -> bool:
         """Store a pod unless it is older than what we hold; True when stored."""
@@ -318,13 +348,15 @@ class Cache:
                     log.warning(
                         "pod_bound_elsewhere", pod=key, node=pod.node_name, assumed=assumption.node
                     )
-        self._raw["Pod"][key] = _slim_pod(obj)
+        slim = self._raw["Pod"][key] = _slim_pod(obj)
+        self._budgets.pod_changed(slim)
+        held = self._holds.observe(uid, pod)
         old = self._pods.get(uid)
         if old != record:
             self._pods[uid] = record
             # A confirmed assumption changes nothing the last snapshot did not already count.
             self._changed(wake=not confirmed and _may_free_or_add_work(old, record))
-        elif dropped is not None:
+        elif dropped is not None or held:
             self._generation += 1  # the overlay changed even though the record did not
         return True
 
@@ -371,6 +403,7 @@ class Cache:
             priority_class=str(spec.get("priorityClassName") or ""),
             has_priority=spec.get("priority") is not None,
             problem=problem if managed else None,
+            hints=gang_hints(obj, strict=False),
         )
 
     def _pod_problem(self, uid: str, namespace: str, name: str, field: str, msg: str) -> Problem:
@@ -458,12 +491,60 @@ class Cache:
         """A read-back found no such pod: drop it (the watch will agree)."""
         self._drop_pod(uid, _key(namespace, name))
 
+    # --- nominations and evictions (taking back) ---------------------------------------
+
+    def nominate(
+        self,
+        pod_uid: str,
+        node: str,
+        gpu_grant: Mapping[int, int] | Iterable[tuple[int, int]] = (),
+    ) -> None:
+        """Hold ``node`` (and the device grant) for a pending pod while the pods evicted for
+        it terminate: the snapshot shows it there with ``nominated=True`` until
+        :meth:`unnominate`, its bind, or its deletion."""
+        if pod_uid not in self._pods:
+            return
+        self._holds.nominated[pod_uid] = Nomination(node, normalize_grant(gpu_grant))
+        self._generation += 1  # capacity shrank: no new pending work, so no trigger
+
+    def unnominate(self, pod_uid: str, *, wake: bool = True) -> None:
+        """Drop a nomination: the pod is pending again (``wake`` the cycle loop to re-plan;
+        not when it is about to be bound)."""
+        if self._holds.nominated.pop(pod_uid, None) is not None:
+            self._changed(wake=wake)
+
+    def nominated(self) -> dict[str, str]:
+        """Nominated pods: uid -> node."""
+        return {uid: n.node for uid, n in self._holds.nominated.items()}
+
+    def evicted(self, pod_uid: str) -> None:
+        """An eviction of ``pod_uid`` is being sent or was accepted: show the pod terminating
+        until the watch does (or :meth:`unevict`), so no cycle plans to evict it again."""
+        record = self._pods.get(pod_uid)
+        if record is None or (record.pod is not None and record.pod.deleting):
+            return
+        self._holds.evicted[pod_uid] = f"{record.namespace}/{record.name}"
+        self._generation += 1
+
+    def unevict(self, pod_uid: str) -> None:
+        """The eviction of ``pod_uid`` did not happen after all (refused, failed, not tried)."""
+        if self._holds.evicted.pop(pod_uid, None) is not None:
+            self._generation += 1
+
+    def gone(self, pod_uid: str) -> bool:
+        """True when the cache holds no such pod, or it has finished (holds nothing)."""
+        record = self._pods.get(pod_uid)
+        if record is None:
+            return True
+        return record.pod is not None and not record.pod.active
+
     # --- reading -----------------------------------------------------------------------
 
     def _resolve(self) -> Resolution:
         if self._resolved is not None and self._resolved[0] == self._generation:
             return self._resolved[1]
-        overlay = {uid: (a.node, a.grant) for uid, a in self._assumed.items()}
+        overlay = self._holds.overlay()
+        overlay.update({uid: (a.node, a.grant) for uid, a in self._assumed.items()})
         resolution = self._resolver.resolve(
             self._pods,
             self._raw["PodGroup"],
@@ -486,11 +567,30 @@ class Cache:
             queues = tuple(Queue(name) for name in names)
         return Snapshot(
             nodes=tuple(self._nodes[k] for k in sorted(self._nodes)),
-            pods=resolution.pods,
+            pods=self._held_pods(resolution),
             gangs=resolution.gangs,
             queues=queues,
             now=now,
+            budgets=self._budgets.budgets(self._pod_objects),
         )
+
+    def _pod_objects(self) -> Iterable[dict[str, Any]]:
+        return self._raw["Pod"].values()
+
+    def _held_pods(self, resolution: Resolution) -> tuple[Pod, ...]:
+        """The resolved pods with nominations and fresh evictions marked (see holds)."""
+        if not self._holds:
+            return resolution.pods
+        if self._held is not None and self._held[0] == self._generation:
+            return self._held[1]
+        keys = {}
+        for uid in (*self._holds.nominated, *self._holds.evicted):
+            record = self._pods.get(uid)
+            if record is not None:
+                keys[uid] = f"{record.namespace}/{record.name}"
+        pods = self._holds.apply(resolution.pods, keys)
+        self._held = (self._generation, pods)
+        return pods
 
     def problems(self) -> list[Problem]:
         """Everything currently skipped and why: unreadable pods, nodes, queues, PodGroups,
@@ -533,7 +633,12 @@ def _may_free_or_add_work(old: PodRecord | None, new: PodRecord) -> bool:
     return (a.active and not b.active) or a.node_name != b.node_name or a.deleting != b.deleting
 
 
-def _gang_facts(obj: Mapping[str, Any]) -> tuple[Any, Any]:
+def _gang_facts(obj: Mapping[str, Any]) -> tuple[Any, ...]:
     """What of a PodGroup affects scheduling (status writes by us do not)."""
     meta = obj.get("metadata") or {}
-    return obj.get("spec"), meta.get("creationTimestamp")
+    return (
+        obj.get("spec"),
+        meta.get("creationTimestamp"),
+        (meta.get("labels") or {}).get(PREEMPTIBILITY_LABEL),
+        (meta.get("annotations") or {}).get(PREEMPTION_DELAY_ANNOTATION),
+    )

@@ -8,12 +8,21 @@ a limit gets that limit as its request, as the API server defaults it. Pod-level
 
 Errors raise :class:`PodSpecError` naming the field and the fix, so the caller can put that on
 an Event and skip only this pod.
+
+Taking back (docs/taking-back.md): ``status.startTime`` (before the kubelet sets it: the bind
+time) becomes :attr:`Pod.start_time`;
+:func:`gang_hints` reads what a pod says about its gang: ``spec.preemptionPolicy: Never`` (the
+gang never evicts anyone) and, for a pod without a PodGroup (an implicit gang), the label
+``kai.scheduler/preemptibility`` and the annotation ``kai.scheduler/preemption-delay``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import math
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from scheduler.cluster.node import GPU_MILLI
@@ -27,13 +36,20 @@ from scheduler.cluster.selectors import (
 )
 
 __all__ = [
+    "BUILD_PRIORITY",
     "GANG_ANNOTATIONS",
     "GPU_FRACTION_ANNOTATION",
     "GPU_FRACTION_DEVICES_ANNOTATION",
     "GPU_MEMORY_ANNOTATION",
+    "PREEMPTIBILITY_LABEL",
+    "PREEMPTIBILITY_VALUES",
+    "PREEMPTION_DELAY_ANNOTATION",
     "QUEUE_LABEL",
+    "GangHints",
     "PodSpecError",
+    "duration_seconds",
     "effective_requests",
+    "gang_hints",
     "parse_timestamp",
     "pod_from_k8s",
 ]
@@ -44,6 +60,25 @@ GPU_MEMORY_ANNOTATION = "gpu-memory"
 #: KAI's own annotation first, then the Volcano / scheduler-plugins convention.
 GANG_ANNOTATIONS = ("pod-group-name", "scheduling.k8s.io/group-name")
 QUEUE_LABEL = "kai.scheduler/queue"
+#: KAI's rule: without an explicit choice, work below the "build" priority is preemptible.
+BUILD_PRIORITY = 100
+#: Label (on a PodGroup, or on the pod of an implicit gang) choosing preemptibility.
+PREEMPTIBILITY_LABEL = "kai.scheduler/preemptibility"
+PREEMPTIBILITY_VALUES = ("preemptible", "non-preemptible")
+#: Annotation (on a PodGroup, or on the pod of an implicit gang): how long the pending gang
+#: waits after its creation before it may evict anyone.
+PREEMPTION_DELAY_ANNOTATION = "kai.scheduler/preemption-delay"
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|\u00b5s|\u03bcs|ms|s|m|h)")
+_DURATION_SCALE = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "\u00b5s": 1e-6,  # micro sign
+    "\u03bcs": 1e-6,  # Greek small mu, which Go accepts too
+    "ms": 0.001,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 
 
@@ -200,6 +235,122 @@ def parse_timestamp(value: str | None) -> float:
     return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
+def _timestamp(value: Any) -> float:
+    """An RFC 3339 timestamp; 0 when absent or unreadable."""
+    if not isinstance(value, str):
+        return 0.0
+    try:
+        return parse_timestamp(value)
+    except ValueError:
+        return 0.0
+
+
+def _start_time(status: Mapping[str, Any]) -> float:
+    """``status.startTime``; before the kubelet sets it, the bind time (when the API server
+    set ``PodScheduled=True``); 0 when neither is known (the creation time then stands in)."""
+    started = _timestamp(status.get("startTime"))
+    if started:
+        return started
+    for c in status.get("conditions") or ():
+        if isinstance(c, Mapping) and c.get("type") == "PodScheduled" and c.get("status") == "True":
+            return _timestamp(c.get("lastTransitionTime"))
+    return 0.0
+
+
+def duration_seconds(raw: Any) -> float | None:
+    """A Go duration (``60s``, ``1h30m``, ``500ms``, ``0``) or a number, in seconds; None when
+    ``raw`` is neither. Negative strings are not durations here."""
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        return float(raw)
+    text = str(raw).strip()
+    if text == "0":  # Go's only duration without a unit
+        return 0.0
+    total, pos = 0.0, 0
+    for m in _DURATION.finditer(text):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _DURATION_SCALE[m.group(2)]
+        pos = m.end()
+    if pos != len(text) or not text:
+        return None
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class GangHints:
+    """What one pod says about its gang's part in taking back (see the module docstring).
+
+    ``preemptibility`` and ``preemption_delay`` are read only from a pod without a PodGroup
+    (its PodGroup decides otherwise); "" / None when the pod does not say.
+    """
+
+    #: False when ``spec.preemptionPolicy`` is ``Never`` (admission copies it from the
+    #: PriorityClass): a gang may evict others only if every member may.
+    may_preempt: bool = True
+    preemptibility: str = ""
+    preemption_delay: float | None = None
+
+
+_NO_HINTS = GangHints()
+
+
+def _hint_preemptibility(labels: Mapping[str, Any]) -> str:
+    raw = labels.get(PREEMPTIBILITY_LABEL)
+    if raw is None or raw == "":
+        return ""
+    if raw not in PREEMPTIBILITY_VALUES:
+        raise PodSpecError(
+            f"metadata.labels[{PREEMPTIBILITY_LABEL}]",
+            f"{raw!r} must be preemptible or non-preemptible; correct it, or remove the label "
+            f"to let the priority decide (below {BUILD_PRIORITY} is preemptible)",
+        )
+    return str(raw)
+
+
+def _hint_delay(annotations: Mapping[str, Any]) -> float | None:
+    raw = annotations.get(PREEMPTION_DELAY_ANNOTATION)
+    if raw is None or raw == "":
+        return None
+    seconds = duration_seconds(raw)
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        raise PodSpecError(
+            f"metadata.annotations[{PREEMPTION_DELAY_ANNOTATION}]",
+            f"{raw!r} is not a duration; set a duration such as 30s, 5m or 1h30m (how long the "
+            "pending pod waits before it may evict anyone)",
+        )
+    return seconds
+
+
+def gang_hints(obj: Mapping[str, Any], *, strict: bool = True) -> GangHints:
+    """What the pod ``obj`` says about its gang (see :class:`GangHints`).
+
+    An invalid label or annotation raises :class:`PodSpecError` naming it, unless not
+    ``strict``: then the invalid value is ignored. Pods that name a PodGroup are not checked
+    for them (their PodGroup's own label and annotation apply).
+    """
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    may_preempt = spec.get("preemptionPolicy") != "Never"
+    annotations = meta.get("annotations") or {}
+    if any(annotations.get(a) for a in GANG_ANNOTATIONS):
+        return GangHints(may_preempt) if not may_preempt else _NO_HINTS
+    labels = meta.get("labels") or {}
+    try:
+        preemptibility = _hint_preemptibility(labels)
+    except PodSpecError:
+        if strict:
+            raise
+        preemptibility = ""
+    try:
+        delay = _hint_delay(annotations)
+    except PodSpecError:
+        if strict:
+            raise
+        delay = None
+    hints = GangHints(may_preempt, preemptibility, delay)
+    return _NO_HINTS if hints == _NO_HINTS else hints
+
+
 def pod_from_k8s(
     obj: Mapping[str, Any],
     *,
@@ -216,7 +367,10 @@ def pod_from_k8s(
 
     ``gang`` is ``namespace/podgroup`` when the pod names a PodGroup, else ``namespace/pod``
     (an implicit gang of one). ``queue`` is the label ``kai.scheduler/queue`` or the default;
-    a PodGroup's ``spec.queue`` overrides it later, when gangs are resolved.
+    a PodGroup's ``spec.queue`` overrides it later, when gangs are resolved. A managed pod
+    without a PodGroup is checked with :func:`gang_hints` (same rule for bound pods as above).
+    ``start_time`` is ``status.startTime``, else the bind time (``PodScheduled=True``'s
+    ``lastTransitionTime``), else 0.
     """
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
@@ -237,6 +391,8 @@ def pod_from_k8s(
         # A bound pod still occupies its node even if we cannot read its spec.
         requests, gpu, tolerations, affinity = Resources(), None, (), ()
     group = next((annotations[a] for a in GANG_ANNOTATIONS if annotations.get(a)), None)
+    if group is None and managed and (strict or not node_name):
+        gang_hints(obj)  # the label and annotation of an implicit gang must be readable
     phase_raw = status.get("phase") or "Pending"
     try:
         phase = PodPhase(phase_raw)
@@ -260,4 +416,5 @@ def pod_from_k8s(
         creation_time=parse_timestamp(meta.get("creationTimestamp")),
         managed=managed,
         deleting=bool(meta.get("deletionTimestamp")),
+        start_time=_start_time(status),
     )

@@ -3,26 +3,49 @@
 Queue units follow KAI: GPU in devices (fractions allowed), CPU in millicores, memory in MB
 (10^6 bytes). -1 means unlimited. Unlike KAI, an omitted ``limit`` is unlimited (KAI reads it
 as zero, which silently blocks the queue). Errors raise :class:`SpecError` naming the field.
+
+Taking back (docs/taking-back.md): a Queue's ``spec.preemptMinRuntime`` and
+``spec.reclaimMinRuntime``; a PodGroup's ``spec.preemptionDelay`` (else the annotation
+``kai.scheduler/preemption-delay``) and ``spec.preemptibility`` (else the label
+``kai.scheduler/preemptibility``, else priority below 100 is preemptible). Every value that is
+present is checked, also one that a higher-precedence source overrides.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from scheduler.cluster.gang import Gang
 from scheduler.cluster.node import GPU_MILLI
-from scheduler.cluster.podspec import parse_timestamp
+from scheduler.cluster.podspec import (
+    BUILD_PRIORITY,
+    PREEMPTIBILITY_LABEL,
+    PREEMPTIBILITY_VALUES,
+    PREEMPTION_DELAY_ANNOTATION,
+    duration_seconds,
+    parse_timestamp,
+)
 from scheduler.cluster.quantity import QuantityError, parse_quantity
 from scheduler.cluster.queue import QUEUE_RESOURCES, UNLIMITED, Queue, QueueResource
 
-__all__ = ["SpecError", "gang_from_k8s", "parse_duration", "queue_from_k8s"]
+__all__ = [
+    "BUILD_PRIORITY",
+    "PREEMPTIBILITY_LABEL",
+    "PREEMPTIBILITY_VALUES",
+    "PREEMPTION_DELAY_ANNOTATION",
+    "SpecError",
+    "gang_from_k8s",
+    "parse_duration",
+    "parse_preemptibility",
+    "parse_preemption_delay",
+    "preemptibility_of",
+    "queue_from_k8s",
+]
 
 #: Multiplier from the CRD's unit to the scheduler's integer unit, per queue resource.
 _UNIT = {"gpu": GPU_MILLI, "cpu": 1, "memory": 10**6}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 
 
 class SpecError(ValueError):
@@ -87,24 +110,101 @@ def queue_from_k8s(obj: Mapping[str, Any]) -> Queue:
         resources=tuple(resources),
         display_name=spec.get("displayName") or "",
         creation_time=parse_timestamp(meta.get("creationTimestamp")),
+        preempt_min_runtime=_min_runtime(spec, "preemptMinRuntime"),
+        reclaim_min_runtime=_min_runtime(spec, "reclaimMinRuntime"),
     )
 
 
+def _min_runtime(spec: Mapping[str, Any], key: str) -> float | None:
+    """``spec.<key>`` in seconds; None when absent (the parent queue's value applies)."""
+    raw = spec.get(key)
+    if raw is None or raw == "":
+        return None
+    return _seconds(
+        raw,
+        f"spec.{key}",
+        "set a duration such as 30s, 5m or 1h30m, or remove the field to inherit the "
+        "parent queue's",
+    )
+
+
+def _seconds(raw: Any, field: str, fix: str) -> float:
+    """A non-negative, finite duration in seconds; :class:`SpecError` with ``fix`` otherwise."""
+    try:
+        seconds = parse_duration(raw, field)
+    except SpecError as e:
+        raise SpecError(field, f"{raw!r} is not a duration; {fix}") from e
+    if not math.isfinite(seconds) or seconds < 0:
+        raise SpecError(field, f"{raw!r} must not be negative; {fix}")
+    return seconds
+
+
 def parse_duration(raw: Any, field: str) -> float:
-    """A Go-style duration (``60s``, ``1m30s``, ``500ms``) or a number of seconds."""
-    if isinstance(raw, int | float) and not isinstance(raw, bool):
-        return float(raw)
-    text = str(raw).strip()
-    total, pos = 0.0, 0
-    for m in _DURATION.finditer(text):
-        if m.start() != pos:
-            break
-        scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[m.group(2)]
-        total += float(m.group(1)) * scale
-        pos = m.end()
-    if pos != len(text) or not text:
+    """A Go-style duration (``60s``, ``1m30s``, ``500ms``, ``0``) or a number of seconds."""
+    seconds = duration_seconds(raw)
+    if seconds is None:
         raise SpecError(field, f"{raw!r} is not a duration such as 60s, 5m or 1h30m")
-    return total
+    return seconds
+
+
+def parse_preemptibility(raw: Any, field: str) -> str:
+    """A preemptibility value (``preemptible`` / ``non-preemptible``); "" when not given."""
+    if raw is None or raw == "":
+        return ""
+    if raw not in PREEMPTIBILITY_VALUES:
+        raise SpecError(
+            field,
+            f"{raw!r} must be preemptible or non-preemptible; correct it, or remove it to let "
+            f"the priority decide (below {BUILD_PRIORITY} is preemptible)",
+        )
+    return str(raw)
+
+
+def parse_preemption_delay(raw: Any, field: str) -> float | None:
+    """A preemption delay in seconds; None when not given."""
+    if raw is None or raw == "":
+        return None
+    return _seconds(
+        raw,
+        field,
+        "set a duration such as 30s, 5m or 1h30m (how long a pending gang waits "
+        "before it may evict anyone)",
+    )
+
+
+def _label_field(key: str) -> str:
+    return f"metadata.labels[{key}]"
+
+
+def _annotation_field(key: str) -> str:
+    return f"metadata.annotations[{key}]"
+
+
+def preemptibility_of(obj: Mapping[str, Any]) -> str:
+    """The explicit preemptibility of a PodGroup: ``spec.preemptibility``, else the label
+    ``kai.scheduler/preemptibility``; "" when neither says (the priority decides). Raises
+    :class:`SpecError` for an invalid value of either."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    from_spec = parse_preemptibility(spec.get("preemptibility"), "spec.preemptibility")
+    from_label = parse_preemptibility(
+        (meta.get("labels") or {}).get(PREEMPTIBILITY_LABEL), _label_field(PREEMPTIBILITY_LABEL)
+    )
+    return from_spec or from_label
+
+
+def _preemption_delay_of(obj: Mapping[str, Any]) -> float:
+    """``spec.preemptionDelay``, else the annotation ``kai.scheduler/preemption-delay``, else 0."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    from_spec = parse_preemption_delay(spec.get("preemptionDelay"), "spec.preemptionDelay")
+    from_annotation = parse_preemption_delay(
+        (meta.get("annotations") or {}).get(PREEMPTION_DELAY_ANNOTATION),
+        _annotation_field(PREEMPTION_DELAY_ANNOTATION),
+    )
+    if from_spec is not None:
+        return from_spec
+    return from_annotation or 0.0
 
 
 def gang_from_k8s(
@@ -117,23 +217,19 @@ def gang_from_k8s(
     """Convert a ``scheduling.run.ai/v2alpha2`` PodGroup object.
 
     ``priorities`` maps PriorityClass names to values; an unknown class is an error.
+    ``may_preempt`` is left True: it comes from the member pods (see :mod:`scheduler.cache`).
     """
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     min_member = spec.get("minMember", 1)
     if not isinstance(min_member, int) or isinstance(min_member, bool) or min_member < 0:
         raise SpecError("spec.minMember", f"{min_member!r} must be a whole number >= 0")
-    preemptibility = spec.get("preemptibility") or ""
-    if preemptibility not in ("", "preemptible", "non-preemptible"):
-        raise SpecError(
-            "spec.preemptibility", f"{preemptibility!r} must be preemptible or non-preemptible"
-        )
+    preemptibility = preemptibility_of(obj)
     pc = spec.get("priorityClassName") or ""
     if pc and pc not in priorities:
         raise SpecError("spec.priorityClassName", f"PriorityClass {pc!r} does not exist")
     priority = priorities.get(pc, 0)
-    # KAI's rule: without an explicit choice, work below the build priority (100) is preemptible.
-    preemptible = preemptibility == "preemptible" if preemptibility else priority < 100
+    preemptible = preemptibility == "preemptible" if preemptibility else priority < BUILD_PRIORITY
     grace_raw = spec.get("stalenessGracePeriod")
     grace = (
         default_grace_seconds
@@ -149,4 +245,5 @@ def gang_from_k8s(
         preemptible=preemptible,
         creation_time=parse_timestamp(meta.get("creationTimestamp")),
         staleness_grace_seconds=grace,
+        preemption_delay_seconds=_preemption_delay_of(obj),
     )

@@ -11,6 +11,16 @@ hold the next cycle); evict gangs left partial past their grace period; then sta
 what users see (conditions, Events, PodGroup and Queue status, problems) in the background.
 Bind results reach the metrics as each gang's binds finish, and users (Events, conditions)
 with the next cycle's status pass.
+
+Taking back: a placement with evictions names, in ``waits_for``, the gangs that must wait for
+their victims. Those gangs are *nominated* instead of bound (held on their nodes in the cache,
+see :mod:`scheduler.commit.nominations`), the victims are evicted in the background, one victim
+gang as a unit (:mod:`scheduler.commit.evict`), and each later commit first settles the
+nominations: a gang whose victims are all gone is bound through the same path as any other
+(assume, then bind with the uid precondition); one whose victims are not gone in time, or one
+of whose victim gangs could not be evicted whole (a PodDisruptionBudget refused), is dropped
+and pending again, so the next cycle re-plans. A replica that is not the leader drops its
+nominations (it may not bind them) and evicts nothing.
 """
 
 from __future__ import annotations
@@ -18,31 +28,56 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 import structlog
 
 from scheduler.cache.problems import Problem
 from scheduler.cluster.gang import Gang
+from scheduler.cluster.pod import Pod
 from scheduler.cluster.snapshot import Snapshot
+from scheduler.commit.evict import EvictionMarks, evict_gang, group_by_victim_gang
+from scheduler.commit.nominations import DEFAULT_NOMINATION_TIMEOUT, NominatedGang, Nominations
 from scheduler.commit.staleness import StaleGang, StalenessTracker
 from scheduler.commit.status import StatusPublisher, pod_ref
 from scheduler.commit.transaction import Assumer, GangCommit, assume_gang, bind_gang
 from scheduler.cycle import CommitResult
 from scheduler.fairness import FairShareReport
 from scheduler.k8s.errors import KubeError
-from scheduler.k8s.writer import Writer
+from scheduler.k8s.resources import PODGROUP
+from scheduler.k8s.writer import ObjectRef, Writer
 from scheduler.metrics import SchedulerMetrics
-from scheduler.solver.placement import GangOutcome, Placement, PodAssignment
+from scheduler.solver.placement import Eviction, GangOutcome, Placement, PodAssignment
 
 __all__ = ["LiveBackend", "LiveCache"]
 
 log = structlog.get_logger("scheduler.commit")
 
 
-class LiveCache(Assumer, Protocol):
+class LiveCache(Assumer, EvictionMarks, Protocol):
     """What the live backend needs from :class:`scheduler.cache.Cache`."""
+
+    def nominate(
+        self,
+        pod_uid: str,
+        node: str,
+        gpu_grant: Mapping[int, int] | Iterable[tuple[int, int]] = (),
+    ) -> None:
+        """Hold ``node`` for a pending pod until it is bound or the nomination dropped."""
+        ...
+
+    def unnominate(self, pod_uid: str, *, wake: bool = True) -> None:
+        """Drop a nomination."""
+        ...
+
+    def nominated(self) -> dict[str, str]:
+        """Nominated pods: uid -> node."""
+        ...
+
+    def gone(self, pod_uid: str) -> bool:
+        """No such pod, or it finished."""
+        ...
 
     def snapshot(self, now: float | None = None) -> Snapshot:
         """An immutable view with assumed pods counted as bound."""
@@ -73,6 +108,7 @@ class LiveBackend:
         metrics: SchedulerMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         grace: Callable[[Gang], float] | None = None,
+        nomination_timeout: float = DEFAULT_NOMINATION_TIMEOUT,
     ) -> None:
         self.cache = cache
         self.writer = writer
@@ -87,10 +123,14 @@ class LiveBackend:
         self._status_task: asyncio.Task[None] | None = None
         self._unpublished: dict[str, GangCommit] = {}
         #: Scheduled Events being sent for gangs whose binds finished.
-        self._telling: set[asyncio.Task[None]] = set()
+        self._telling: set[asyncio.Task[Any]] = set()
         #: Gangs whose binds are in flight (background tasks), by gang key.
         self._binding: dict[str, asyncio.Task[GangCommit]] = {}
         self._last: tuple[Snapshot, Placement, FairShareReport, int] | None = None
+        #: Gangs held on their nodes until their victims are gone.
+        self.nominations = Nominations(nomination_timeout)
+        #: Evictions being sent (one task per cycle that evicts).
+        self._evicting: set[asyncio.Task[None]] = set()
 
     @property
     def binds_in_flight(self) -> int:
@@ -130,6 +170,7 @@ class LiveBackend:
         if not self.is_leader():
             log.info("not_leader_skip_commit", cycle=cycle)
             self._led = False
+            self._drop_all("this replica is not the leader", cycle)
             return CommitResult()
         if not self._led:
             # Another replica may have written status and timed gangs meanwhile: start fresh.
@@ -137,6 +178,7 @@ class LiveBackend:
             self.staleness = StalenessTracker()
             self._led = True
         pods = {p.key: p for p in snapshot.pods}
+        dispatched = self._settle_nominations(pods, cycle)
         placed = [o for o in placement.outcomes.values() if o.placed and o.pods]
         # Extra pods of gangs already satisfied may come as assignments without an outcome.
         covered = {a.pod_key for o in placed for a in o.pods}
@@ -148,33 +190,42 @@ class LiveBackend:
         placed += [
             GangOutcome(g, queue_of.get(g, ""), True, tuple(items)) for g, items in extras.items()
         ]
-        dispatched = 0
+        leaving = {e.pod_uid for e in placement.evictions}
         skipped: list[GangCommit] = []
         for o in placed:
-            if o.gang in self._binding:
+            if o.gang in self._binding or o.gang in self.nominations:
                 # Extra members of a gang whose earlier binds are still going out: the next
                 # cycle places them again once those have settled.
                 continue
-            commit = assume_gang(o, pods, self.cache, self.is_leader, cycle=cycle)
+            if any(a.pod_uid in leaving for a in o.pods):
+                # An evicted pod is deleted; its controller makes a new one to place.
+                log.warning("placement_of_evicted_pod_skipped", gang=o.gang, cycle=cycle)
+                continue
+            victims = placement.waits_for.get(o.gang)
+            commit = (
+                self._nominate(o, victims, snapshot, placement, pods, cycle)
+                if victims
+                else assume_gang(o, pods, self.cache, self.is_leader, cycle=cycle)
+            )
             if commit is not None:
                 skipped.append(commit)
-                continue
-            dispatched += len(o.pods)
-            task = asyncio.create_task(
-                bind_gang(o, pods, self.writer, self.cache, cycle=cycle), name=f"bind-{o.gang}"
-            )
-            self._binding[o.gang] = task
-            task.add_done_callback(functools.partial(self._bound, o.gang))
+            elif not victims:
+                dispatched += self._dispatch(o, pods, cycle)
         if not self.is_leader():
             return CommitResult(dispatched_pods=dispatched)
+        if placement.evictions:
+            self._start_evictions(placement, snapshot, cycle)
         stale = self.staleness.update(
             snapshot,
             self.clock(),
-            placed=[o.gang for o in placed if o.gang in self._binding],
+            placed=[
+                o.gang for o in placed if o.gang in self._binding or o.gang in self.nominations
+            ],
             grace=self.grace,
         )
         if stale:
             await self._evict(stale, cycle)
+        self._observe_nominations()
         self._unpublished.update({c.gang: c for c in skipped if c.failed})
         self._last = (snapshot, placement, report, cycle)
         self._start_publish()
@@ -183,6 +234,230 @@ class LiveBackend:
             failed_pods=sum(len(c.failed) for c in skipped),
             dispatched_pods=dispatched,
         )
+
+    def _dispatch(self, o: GangOutcome, pods: Mapping[str, Pod], cycle: int) -> int:
+        """Start binding an assumed gang in the background; the number of pods."""
+        task = asyncio.create_task(
+            bind_gang(o, pods, self.writer, self.cache, cycle=cycle), name=f"bind-{o.gang}"
+        )
+        self._binding[o.gang] = task
+        task.add_done_callback(functools.partial(self._bound, o.gang))
+        return len(o.pods)
+
+    # --- nominations ---------------------------------------------------------------------
+
+    def _nominate(
+        self,
+        o: GangOutcome,
+        victims: Sequence[str],
+        snapshot: Snapshot,
+        placement: Placement,
+        pods: Mapping[str, Pod],
+        cycle: int,
+    ) -> GangCommit | None:
+        """Hold a gang that waits for evictions on its nodes; None when done, else why not
+        (as :func:`assume_gang` answers)."""
+        missing = [a for a in o.pods if a.pod_key not in pods]
+        if missing:
+            return GangCommit(
+                o.gang, failed=[(a, "pod is no longer in the snapshot") for a in missing],
+                skipped=True,
+            )  # fmt: skip
+        if not self.is_leader():
+            return GangCommit(o.gang, skipped=True)
+        where = {e.pod_uid: (e.gang, e.node) for e in placement.evictions}
+        if any(uid not in where for uid in victims):
+            # Waits for pods evicted earlier: name them from the snapshot.
+            by_uid = {p.uid: p for p in snapshot.pods}
+            for uid in victims:
+                p = by_uid.get(uid)
+                if uid not in where and p is not None:
+                    where[uid] = (p.gang, p.node_name or "")
+        gang = snapshot.gang_by_key.get(o.gang)
+        for a in o.pods:
+            self.cache.nominate(a.pod_uid, a.node, a.gpu_grant)
+        nominated = self.nominations.add(
+            o, victims, self.clock(), where, implicit=gang is None or gang.implicit
+        )
+        message = nominated.waiting_message(self.cache.gone)
+        log.info(
+            "nominated",
+            gang=o.gang,
+            queue=o.queue,
+            node=",".join(nominated.nodes),
+            pods=len(o.pods),
+            victims=len(nominated.victims),
+            cycle=cycle,
+        )
+        self._tell_preemptor(nominated, "WaitingForEvictions", message)
+        return None
+
+    def _settle_nominations(self, pods: Mapping[str, Pod], cycle: int) -> int:
+        """Bind the nominated gangs whose victims are gone, drop the ones that waited too
+        long; the number of pods whose binds were started."""
+        if not len(self.nominations):
+            return 0
+        ready, expired = self.nominations.review(self.cache.gone, self.clock())
+        for nominated, why in expired:
+            self._drop(nominated.gang, why, cycle, failure="timeout")
+        dispatched = 0
+        for nominated in ready:
+            self.nominations.pop(nominated.gang)
+            lost = [
+                a
+                for a in nominated.outcome.pods
+                if (p := pods.get(a.pod_key)) is None or p.uid != a.pod_uid or not p.nominated
+            ]
+            for uid in nominated.pod_uids:
+                self.cache.unnominate(uid, wake=bool(lost))
+            if lost:
+                # A pod was deleted, recreated or bound meanwhile: place the gang again.
+                log.warning(
+                    "nomination_lost",
+                    gang=nominated.gang,
+                    queue=nominated.queue,
+                    pods=[a.pod_key for a in lost],
+                    cycle=cycle,
+                )
+                continue
+            commit = assume_gang(nominated.outcome, pods, self.cache, self.is_leader, cycle=cycle)
+            if commit is not None:
+                self._unpublished[commit.gang] = commit
+                continue
+            log.info(
+                "nominated_gang_binding",
+                gang=nominated.gang,
+                queue=nominated.queue,
+                node=",".join(nominated.nodes),
+                waited=round(self.clock() - nominated.since, 2),
+                cycle=cycle,
+            )
+            dispatched += self._dispatch(nominated.outcome, pods, cycle)
+        self._observe_nominations()
+        return dispatched
+
+    def _drop(
+        self,
+        gang: str,
+        why: str,
+        cycle: int,
+        *,
+        failure: str | None = None,
+        tell: bool = True,
+    ) -> None:
+        """Give up a nomination: its pods are pending again and the next cycle re-plans."""
+        nominated = self.nominations.pop(gang)
+        if nominated is None:
+            return
+        for uid in nominated.pod_uids:
+            self.cache.unnominate(uid)
+        if failure is not None and self.metrics is not None:
+            self.metrics.eviction_failures.labels(reason=failure).inc()
+        log.warning(
+            "nomination_dropped",
+            gang=gang,
+            queue=nominated.queue,
+            node=",".join(nominated.nodes),
+            reason=why,
+            cycle=cycle,
+        )
+        self._observe_nominations()
+        if tell:
+            message = (
+                f"gave up the place held on {', '.join(nominated.nodes)}: {why}; "
+                "the gang will be placed again"
+            )
+            self._tell_preemptor(nominated, "NominationDropped", message, warning=True)
+
+    def _drop_all(self, why: str, cycle: int) -> None:
+        for nominated in self.nominations:
+            self._drop(nominated.gang, why, cycle, tell=False)
+
+    def _tell_preemptor(
+        self,
+        nominated: NominatedGang,
+        reason: str,
+        message: str,
+        *,
+        warning: bool = False,
+    ) -> None:
+        """An Event on the waiting gang: on its PodGroup, or on its pod for a lone pod."""
+        refs: list[ObjectRef] = []
+        if not nominated.implicit:
+            namespace, _, name = nominated.gang.partition("/")
+            refs.append(ObjectRef(PODGROUP.kind, PODGROUP.api_version, name, namespace))
+        else:
+            for a in nominated.outcome.pods:
+                namespace, _, name = a.pod_key.partition("/")
+                refs.append(ObjectRef("Pod", "v1", name, namespace, a.pod_uid))
+        for ref in refs:
+            task = asyncio.create_task(
+                self.writer.event(ref, reason, message, warning=warning),
+                name=f"tell-{nominated.gang}",
+            )
+            self._telling.add(task)
+            task.add_done_callback(self._telling.discard)
+
+    def _observe_nominations(self) -> None:
+        if self.metrics is not None:
+            self.metrics.nominated_pods.set(len(self.cache.nominated()))
+
+    # --- evictions -----------------------------------------------------------------------
+
+    def _start_evictions(self, placement: Placement, snapshot: Snapshot, cycle: int) -> None:
+        """Evict the placement's victims in the background, each victim gang as a unit.
+
+        Evictions for a gang that should wait for them but could not be nominated (a pod of
+        it went away) are not sent: they would free room for nobody.
+        """
+        wanted = [
+            e
+            for e in placement.evictions
+            if e.for_gang not in placement.waits_for or e.for_gang in self.nominations
+        ]
+        if len(wanted) < len(placement.evictions):
+            log.warning(
+                "evictions_skipped_preemptor_not_nominated",
+                count=len(placement.evictions) - len(wanted),
+                gangs=sorted(
+                    {e.for_gang for e in placement.evictions} - {e.for_gang for e in wanted}
+                ),
+                cycle=cycle,
+            )
+        groups = group_by_victim_gang(wanted)
+        if not groups:
+            return
+        implicit = {
+            key for key in groups if (g := snapshot.gang_by_key.get(key)) is None or g.implicit
+        }
+        task = asyncio.create_task(
+            self._run_evictions(groups, implicit, cycle), name=f"evict-{cycle}"
+        )
+        self._evicting.add(task)
+        task.add_done_callback(self._evictions_done)
+
+    async def _run_evictions(
+        self, groups: Mapping[str, list[Eviction]], implicit: set[str], cycle: int
+    ) -> None:
+        async def one(key: str, victims: list[Eviction]) -> None:
+            result = await evict_gang(
+                victims,
+                self.writer,
+                self.cache,
+                metrics=self.metrics,
+                cycle=cycle,
+                podgroup_event=key not in implicit,
+            )
+            if not result.complete:
+                for nominated in self.nominations.waiting_on(result.not_done):
+                    self._drop(nominated.gang, result.problem, cycle)
+
+        await asyncio.gather(*(one(key, victims) for key, victims in groups.items()))
+
+    def _evictions_done(self, task: asyncio.Task[None]) -> None:
+        self._evicting.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("eviction_task_failed", error=repr(task.exception()))
 
     def _bound(self, gang: str, task: asyncio.Task[GangCommit]) -> None:
         """A gang's binds finished: count them and queue them for the status publisher."""
@@ -237,15 +512,24 @@ class LiveBackend:
             return
         try:
             await self.status.publish(
-                snapshot, placement.outcomes, commits, report, self.cache.problems(), cycle
+                snapshot,
+                placement.outcomes,
+                commits,
+                report,
+                self.cache.problems(),
+                cycle,
+                waiting=self.nominations.messages(self.cache.gone),
             )
         except Exception:
             log.exception("status_publish_failed", cycle=cycle)
 
     async def flush(self) -> None:
-        """Wait for the binds and status writes in flight (tests, clean shutdown)."""
-        while self._binding:
-            await asyncio.gather(*list(self._binding.values()), return_exceptions=True)
+        """Wait for the binds, evictions and status writes in flight (tests, clean
+        shutdown)."""
+        while self._binding or self._evicting:
+            await asyncio.gather(
+                *list(self._binding.values()), *list(self._evicting), return_exceptions=True
+            )
         if self._telling:
             await asyncio.gather(*list(self._telling), return_exceptions=True)
         if self._status_task is not None:
@@ -266,10 +550,22 @@ class LiveBackend:
                 cycle=cycle,
             )
             results = await asyncio.gather(
-                *(self.writer.evict(p.namespace, p.name, p.uid) for p in s.bound)
+                *(
+                    self.writer.evict(p.namespace, p.name, p.uid, condition_reason=None)
+                    for p in s.bound
+                )
             )
-            for pod, ok in zip(s.bound, results, strict=True):
-                if ok and self.metrics is not None:
-                    self.metrics.evictions.labels(reason="stale_gang").inc()
-                if ok:
+            for pod, outcome in zip(s.bound, results, strict=True):
+                if outcome.status == "evicted" and self.metrics is not None:
+                    self.metrics.evictions.labels(action="stale_gang", queue=s.gang.queue).inc()
+                if outcome:
                     await self.writer.event(pod_ref(pod), "Evicted", s.message, warning=True)
+                else:
+                    log.warning(
+                        "stale_gang_eviction_not_done",
+                        pod=pod.key,
+                        gang=s.gang.key,
+                        outcome=outcome.status,
+                        error=outcome.message,
+                        cycle=cycle,
+                    )

@@ -4,7 +4,9 @@
   and Karpenter look for) and a rate-limited ``FailedScheduling`` Event whose message is the
   gang's real cause from :class:`GangOutcome.reason`.
 - A bound pod gets a ``Scheduled`` Event (the API server sets ``PodScheduled=True`` itself).
-- A PodGroup gets its phase, member counts and a condition with the same reason.
+- A PodGroup gets its phase, member counts and a condition with the same reason; a gang
+  held on its nodes while pods evicted for it terminate is ``Pending`` with the condition
+  reason ``WaitingForEvictions`` saying for which pods it waits.
 - A Queue gets ``allocated``, ``requested`` and ``fairShare`` per resource in the CRD's units.
 - An object the cache could not read (:class:`scheduler.cache.problems.Problem`) gets a
   Warning Event naming the field and the fix.
@@ -16,6 +18,7 @@ cluster costs no API calls.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any
 
@@ -122,7 +125,13 @@ def _pod_message(snapshot: Snapshot, key: str, outcome: GangOutcome) -> str:
     return message
 
 
-def _podgroup_body(gang: Gang, pods: list[Pod], outcome: GangOutcome | None) -> dict[str, Any]:
+def _podgroup_body(
+    gang: Gang, pods: list[Pod], outcome: GangOutcome | None, waiting: str | None = None
+) -> dict[str, Any]:
+    if any(p.nominated for p in pods):
+        # Held on a node is not placed yet: count it as pending.
+        pods = [dataclasses.replace(p, node_name=None, nominated=False) if p.nominated else p
+                for p in pods]  # fmt: skip
     bound, counted = gang_progress(gang, pods)
     running = sum(1 for p in bound if p.phase == PodPhase.RUNNING)
     body: dict[str, Any] = {
@@ -139,6 +148,15 @@ def _podgroup_body(gang: Gang, pods: list[Pod], outcome: GangOutcome | None) -> 
             "status": "False",
             "reason": body["phase"],
             "message": f"{body['succeeded']} succeeded, {body['failed']} failed",
+        }
+        body["schedulingConditions"] = []
+    elif waiting is not None:
+        body["phase"] = "Pending"
+        condition = {
+            "type": "Unschedulable",
+            "status": "False",
+            "reason": "WaitingForEvictions",
+            "message": waiting,
         }
         body["schedulingConditions"] = []
     elif counted >= gang.min_member:
@@ -220,11 +238,14 @@ class StatusPublisher:
         report: FairShareReport,
         problems: Iterable[Problem],
         cycle: int = 0,
+        *,
+        waiting: Mapping[str, str] | None = None,
     ) -> None:
-        """Write every change of this cycle (errors are logged, never raised)."""
+        """Write every change of this cycle (errors are logged, never raised). ``waiting``:
+        gang key -> what a nominated gang waits for."""
         calls: list[Awaitable[None]] = []
         calls += self._pods(snapshot, outcomes, commits)
-        calls += self._podgroups(snapshot, outcomes)
+        calls += self._podgroups(snapshot, outcomes, waiting or {})
         calls += self._queues(snapshot, report)
         reported = list(problems)
         reported += node_label_problems(snapshot, reported)
@@ -286,7 +307,10 @@ class StatusPublisher:
         )
 
     def _podgroups(
-        self, snapshot: Snapshot, outcomes: Mapping[str, GangOutcome]
+        self,
+        snapshot: Snapshot,
+        outcomes: Mapping[str, GangOutcome],
+        waiting: Mapping[str, str],
     ) -> list[Awaitable[None]]:
         calls: list[Awaitable[None]] = []
         live = {g.key for g in snapshot.gangs}
@@ -295,7 +319,7 @@ class StatusPublisher:
             if gang.implicit:
                 continue
             pods = snapshot.pods_by_gang.get(gang.key, [])
-            body = _podgroup_body(gang, pods, outcomes.get(gang.key))
+            body = _podgroup_body(gang, pods, outcomes.get(gang.key), waiting.get(gang.key))
             if self._podgroup.get(gang.key) == body:
                 continue
             self._podgroup[gang.key] = body

@@ -51,11 +51,16 @@ class KubeError(Exception):
     API's human message when it sent one.
     """
 
-    def __init__(self, message: str, *, status: int = 0, reason: str = "") -> None:
+    def __init__(
+        self, message: str, *, status: int = 0, reason: str = "", causes: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.reason = reason
+        #: The messages of the Status's ``details.causes`` (e.g. which PodDisruptionBudget
+        #: refused an eviction), when the API sent any.
+        self.causes = causes
 
 
 class ClientConfigError(KubeError):
@@ -66,9 +71,15 @@ class TemporaryError(KubeError):
     """Worth retrying after a delay. ``retry_after`` is the server's hint in seconds, if any."""
 
     def __init__(
-        self, message: str, *, status: int = 0, reason: str = "", retry_after: float | None = None
+        self,
+        message: str,
+        *,
+        status: int = 0,
+        reason: str = "",
+        retry_after: float | None = None,
+        causes: tuple[str, ...] = (),
     ) -> None:
-        super().__init__(message, status=status, reason=reason)
+        super().__init__(message, status=status, reason=reason, causes=causes)
         self.retry_after = retry_after
 
 
@@ -110,18 +121,25 @@ _BY_STATUS: dict[int, type[PermanentError]] = {
 }
 
 
-def _status_body(body: Any) -> tuple[str, str]:
-    """(reason, message) from a ``Status`` object body, when the body is one."""
+def _status_body(body: Any) -> tuple[str, str, tuple[str, ...]]:
+    """(reason, message, cause messages) from a ``Status`` object body, when it is one."""
     if isinstance(body, bytes):
         body = body.decode("utf-8", "replace")
     if isinstance(body, str):
         try:
             body = json.loads(body)
         except ValueError:
-            return "", body.strip()[:500]
+            return "", body.strip()[:500], ()
     if isinstance(body, Mapping):
-        return str(body.get("reason") or ""), str(body.get("message") or "")
-    return "", ""
+        details = body.get("details")
+        raw = details.get("causes") if isinstance(details, Mapping) else None
+        causes = tuple(
+            str(c.get("message"))
+            for c in (raw if isinstance(raw, list) else ())
+            if isinstance(c, Mapping) and c.get("message")
+        )
+        return str(body.get("reason") or ""), str(body.get("message") or ""), causes
+    return "", "", ()
 
 
 def _retry_after(headers: Any) -> float | None:
@@ -139,7 +157,7 @@ def error_for_status(
 
     ``what`` names the request (``"list pods"``) so the message says what failed.
     """
-    reason, message = _status_body(body)
+    reason, message, causes = _status_body(body)
     prefix = f"{what}: " if what else ""
     text = (
         f"{prefix}HTTP {status}"
@@ -147,9 +165,15 @@ def error_for_status(
         + (f": {message}" if message else "")
     )
     if status == 429 or status >= 500:
-        return TemporaryError(text, status=status, reason=reason, retry_after=_retry_after(headers))
+        return TemporaryError(
+            text,
+            status=status,
+            reason=reason,
+            retry_after=_retry_after(headers),
+            causes=causes,
+        )
     cls = _BY_STATUS.get(status, PermanentError)
-    return cls(text, status=status, reason=reason)
+    return cls(text, status=status, reason=reason, causes=causes)
 
 
 def translate(exc: BaseException, what: str = "") -> KubeError:

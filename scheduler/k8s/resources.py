@@ -7,12 +7,14 @@ from urllib.parse import quote
 
 __all__ = [
     "BINDING",
+    "DEGRADABLE_KINDS",
     "EVENT",
     "KINDS",
     "LEASE",
     "NODE",
     "POD",
     "PODGROUP",
+    "POD_DISRUPTION_BUDGET",
     "PRIORITY_CLASS",
     "QUEUE",
     "WATCHED_KINDS",
@@ -60,6 +62,9 @@ PODGROUP = ResourceKind("PodGroup", "scheduling.run.ai", "v2alpha2", "podgroups"
 PRIORITY_CLASS = ResourceKind(
     "PriorityClass", "scheduling.k8s.io", "v1", "priorityclasses", namespaced=False
 )
+POD_DISRUPTION_BUDGET = ResourceKind(
+    "PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets", namespaced=True
+)
 #: Written, not watched.
 BINDING = ResourceKind("Binding", "", "v1", "bindings", namespaced=True)
 EVENT = ResourceKind("Event", "events.k8s.io", "v1", "events", namespaced=True)
@@ -67,10 +72,33 @@ LEASE = ResourceKind("Lease", "coordination.k8s.io", "v1", "leases", namespaced=
 
 #: Every kind by its ``kind`` name.
 KINDS: dict[str, ResourceKind] = {
-    k.kind: k for k in (POD, NODE, QUEUE, PODGROUP, PRIORITY_CLASS, BINDING, EVENT, LEASE)
+    k.kind: k
+    for k in (
+        POD,
+        NODE,
+        QUEUE,
+        PODGROUP,
+        PRIORITY_CLASS,
+        POD_DISRUPTION_BUDGET,
+        BINDING,
+        EVENT,
+        LEASE,
+    )
 }
 #: The kinds the scheduler lists and watches to build its snapshot.
-WATCHED_KINDS: tuple[str, ...] = ("Pod", "Node", "Queue", "PodGroup", "PriorityClass")
+WATCHED_KINDS: tuple[str, ...] = (
+    "Pod",
+    "Node",
+    "Queue",
+    "PodGroup",
+    "PriorityClass",
+    "PodDisruptionBudget",
+)
+#: Watched kinds the scheduler can work without: a list that is forbidden (an RBAC role from
+#: an older release) or not found counts as listed with no objects, so it never holds up
+#: scheduling. Without PodDisruptionBudgets the plan cannot honour them, but the Eviction API
+#: still does (a refused eviction drops the plan that needed it).
+DEGRADABLE_KINDS: frozenset[str] = frozenset({"PodDisruptionBudget"})
 
 
 def kind_of(name: str) -> ResourceKind:

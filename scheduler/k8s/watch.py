@@ -19,7 +19,10 @@ logged and retried with capped exponential back-off and jitter; other kinds keep
 meanwhile. A kind in :attr:`Watcher.optional` whose list answers 404 (its CRD is not installed)
 counts as listed with no objects, so it never holds up the first cycle: plain pods are
 scheduled, and only what needs that kind waits; the list is retried with back-off and the kind
-appears once its CRD is installed. A bug in a kind task is not retried: :meth:`Watcher.run`
+appears once its CRD is installed. A kind in :attr:`Watcher.degradable`
+(PodDisruptionBudgets) is treated the same way when its list is *forbidden* too (an RBAC role
+from before the kind was watched): the scheduler works without it, logs how to grant it, and
+keeps retrying. A bug in a kind task is not retried: :meth:`Watcher.run`
 cancels the other tasks and re-raises, so the process stops instead of limping on.
 """
 
@@ -48,7 +51,7 @@ from scheduler.k8s.errors import (
     error_for_status,
     translate,
 )
-from scheduler.k8s.resources import WATCHED_KINDS, ResourceKind, kind_of
+from scheduler.k8s.resources import DEGRADABLE_KINDS, WATCHED_KINDS, ResourceKind, kind_of
 
 __all__ = ["FIELD_SELECTORS", "EventSink", "WatchSettings", "Watcher"]
 
@@ -149,6 +152,10 @@ class Watcher:
         self.optional: frozenset[str] = frozenset(
             k.kind for k in self.kinds if k.group and not k.group.endswith("k8s.io")
         )
+        #: Kinds whose list may also be forbidden without holding up the sync.
+        self.degradable: frozenset[str] = frozenset(
+            k.kind for k in self.kinds if k.kind in DEGRADABLE_KINDS
+        )
 
     # --- driving -----------------------------------------------------------------------
 
@@ -211,11 +218,15 @@ class Watcher:
                 self.errors[kind.kind] = e
                 if self._on_restart is not None:
                     self._on_restart(kind.kind)
-                if rv is None and isinstance(e, NotFound) and kind.kind in self.optional:
+                if rv is None and self._may_work_without(kind, e):
                     self._mark_absent(kind)
                 hint = e.retry_after if isinstance(e, TemporaryError) else None
                 delay = hint if hint else self.backoff(failures)
-                warming = isinstance(e, Forbidden) and kind.kind in self.listed
+                warming = (
+                    isinstance(e, Forbidden)
+                    and kind.kind in self.listed
+                    and kind.kind not in self.absent
+                )
                 if warming:
                     # We were allowed before: a restarted API server answers 403 for a few
                     # seconds while its RBAC caches fill. Retry soon instead of going blind
@@ -251,7 +262,14 @@ class Watcher:
             "attempt": failures,
             "retry_in": round(delay, 2),
         }
-        if isinstance(e, NotFound) and kind.group:
+        if isinstance(e, Forbidden) and kind.kind in self.degradable:
+            log.error(
+                "watch_kind_forbidden_working_without",
+                fix=f"grant list and watch on {kind.plural}.{kind.group or 'core'} to the "
+                "scheduler's ServiceAccount (see manifests/20-rbac.yaml)",
+                **fields,
+            )
+        elif isinstance(e, NotFound) and kind.group:
             log.error(
                 "watch_kind_not_installed",
                 fix=f"install the CRD for {kind.plural}.{kind.group} "
@@ -262,6 +280,12 @@ class Watcher:
             log.error("watch_failed", **fields)
         else:
             log.warning("watch_interrupted", **fields)
+
+    def _may_work_without(self, kind: ResourceKind, e: KubeError) -> bool:
+        """Whether a failed first list of ``kind`` counts as listed with no objects."""
+        if isinstance(e, NotFound):
+            return kind.kind in self.optional or kind.kind in self.degradable
+        return isinstance(e, Forbidden) and kind.kind in self.degradable
 
     def _mark_absent(self, kind: ResourceKind) -> None:
         """An optional kind's API is not installed: it has no objects, and it counts as

@@ -11,6 +11,11 @@ write if the pod is already bound. So a grant can never be written to a pod with
 never rewrites the grant of a pod that already runs, and a bound pod always carries the grant
 it was bound with.
 
+Eviction goes through ``pods/eviction`` (so PodDisruptionBudgets are honoured by the API server
+itself, whatever the scheduler planned), with the pod's UID as a precondition, after marking the
+pod ``DisruptionTarget=True`` as kube-scheduler marks its victims; a refusal (429 from a budget)
+is an answer, not an error to retry, and sets the condition back to False.
+
 Every mutating request first asks ``may_write`` (leadership): a replica that lost its Lease
 sends nothing more, whatever was queued behind the in-flight limit or a retry's back-off.
 
@@ -26,7 +31,7 @@ import datetime as dt
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from kubernetes_asyncio.client import ApiClient
@@ -37,8 +42,12 @@ from scheduler.k8s.errors import Conflict, KubeError, NotFound, PermanentError, 
 from scheduler.k8s.resources import POD, PODGROUP, QUEUE
 
 __all__ = [
+    "DISRUPTION_REASON",
+    "DISRUPTION_TARGET",
     "BindOutcome",
     "EventLimiter",
+    "EvictOutcome",
+    "EvictStatus",
     "NotLeader",
     "ObjectRef",
     "Writer",
@@ -113,6 +122,32 @@ class EventLimiter:
 
 class NotLeader(PermanentError):
     """A write was refused locally: this replica does not hold the Lease (any more)."""
+
+
+#: The pod condition kube-scheduler sets on the pods it preempts.
+DISRUPTION_TARGET = "DisruptionTarget"
+#: Its reason for a pod the scheduler takes resources back from.
+DISRUPTION_REASON = "PreemptionByScheduler"
+
+EvictStatus = Literal["evicted", "gone", "refused", "not_leader", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class EvictOutcome:
+    """How one eviction ended (see :meth:`Writer.evict`); true when the pod is on its way
+    out (``evicted``) or already gone."""
+
+    status: EvictStatus
+    message: str = ""
+
+    def __bool__(self) -> bool:
+        return self.status in ("evicted", "gone")
+
+
+def _budget_refusal(e: TemporaryError) -> bool:
+    """A 429 from ``pods/eviction`` because of a PodDisruptionBudget, not API throttling."""
+    text = " ".join((e.message, *e.causes)).lower()
+    return e.status == 429 and "disruption budget" in text
 
 
 class BindOutcome:
@@ -236,8 +271,82 @@ class Writer:
             return None
         return pod if isinstance(pod, dict) else None
 
-    async def evict(self, namespace: str, name: str, uid: str = "") -> bool:
-        """Evict through ``pods/eviction`` (honours PodDisruptionBudgets); True when gone."""
+    async def evict(
+        self,
+        namespace: str,
+        name: str,
+        uid: str = "",
+        *,
+        message: str = "",
+        condition_reason: str | None = DISRUPTION_REASON,
+    ) -> EvictOutcome:
+        """Evict one pod through ``pods/eviction``, which honours PodDisruptionBudgets.
+
+        Unless ``condition_reason`` is None, the pod first gets the condition
+        ``DisruptionTarget=True`` with that reason and ``message`` (as kube-scheduler marks
+        its victims), so the workload's controller and Job pod-failure policies can tell a
+        preempted pod from a failed one. The Eviction carries the pod's ``uid`` as a
+        precondition, so a pod recreated under the same name is never evicted by mistake.
+
+        The API server's eviction replaces the condition's reason with its own; once the
+        eviction is accepted ours is written again (best effort: the pod may be gone already).
+
+        The outcome is ``evicted``; ``gone`` (404, or the uid no longer matches);
+        ``refused`` (429 from a PodDisruptionBudget: not retried, the plan that needed it is
+        dropped); ``not_leader`` (nothing was sent); or ``error``. When the eviction did not
+        happen, the condition is set back to ``False``. Never raises for API errors.
+        """
+        key = f"{namespace}/{name}"
+        marked = False
+        if condition_reason is not None:
+            try:
+                await self._disruption_condition(namespace, name, "True", condition_reason, message)
+                marked = True
+            except NotFound:
+                return EvictOutcome("gone", "the pod no longer exists")
+            except NotLeader as e:
+                return EvictOutcome("not_leader", e.message)
+            except KubeError as e:
+                # The condition only informs; the eviction itself is what frees the node.
+                log.warning("disruption_condition_failed", pod=key, error=e.message)
+        outcome = await self._post_eviction(namespace, name, uid)
+        if marked and condition_reason is not None and outcome.status == "evicted":
+            # The Eviction API writes its own reason over ours (EvictionByEvictionAPI,
+            # "Eviction API: evicting"); say again who evicted the pod and why, so the
+            # terminating pod shows what kube-scheduler's victims show.
+            try:
+                await self._disruption_condition(namespace, name, "True", condition_reason, message)
+            except KubeError as e:
+                log.debug("disruption_condition_not_restated", pod=key, error=e.message)
+        if marked and outcome.status in ("refused", "error"):
+            try:
+                reason = "EvictionRefused" if outcome.status == "refused" else "EvictionFailed"
+                await self._disruption_condition(namespace, name, "False", reason, outcome.message)
+            except KubeError as e:
+                log.info("disruption_condition_not_reset", pod=key, error=e.message)
+        return outcome
+
+    async def _disruption_condition(
+        self, namespace: str, name: str, status: str, reason: str, message: str
+    ) -> None:
+        condition = {
+            "type": DISRUPTION_TARGET,
+            "status": status,
+            "reason": reason,
+            "message": message[:_MAX_MESSAGE],
+            "lastTransitionTime": now_rfc3339(),
+        }
+        body = {"status": {"conditions": [condition]}}
+        await self._retry(
+            lambda: self._request(
+                "PATCH",
+                POD.object_path(namespace, name, "status"),
+                body=body,
+                content_type=STRATEGIC_MERGE_PATCH,
+            )
+        )
+
+    async def _post_eviction(self, namespace: str, name: str, uid: str) -> EvictOutcome:
         body: dict[str, Any] = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
@@ -245,18 +354,41 @@ class Writer:
         }
         if uid:
             body["deleteOptions"] = {"preconditions": {"uid": uid}}
+        path = POD.object_path(namespace, name, "eviction")
+        error = ""
+        for attempt in range(self.bind_attempts):
+            try:
+                await self._request("POST", path, body=body)
+                return EvictOutcome("evicted")
+            except NotFound:
+                return EvictOutcome("gone", "the pod no longer exists")
+            except NotLeader as e:
+                return EvictOutcome("not_leader", e.message)
+            except Conflict as e:
+                # The uid precondition failed (the name now belongs to a new pod), or the
+                # pod changed under the eviction: read it to tell which.
+                return await self._evict_conflict(namespace, name, uid, e)
+            except TemporaryError as e:
+                if _budget_refusal(e):
+                    detail = "; ".join(e.causes) or e.message
+                    return EvictOutcome("refused", f"refused by a PodDisruptionBudget: {detail}")
+                error = e.message
+                if attempt < self.bind_attempts - 1:
+                    await asyncio.sleep(min(e.retry_after or self.retry_delay * 2**attempt, 5.0))
+            except KubeError as e:
+                return EvictOutcome("error", e.message)
+        return EvictOutcome("error", error)
+
+    async def _evict_conflict(
+        self, namespace: str, name: str, uid: str, conflict: KubeError
+    ) -> EvictOutcome:
         try:
-            await self._retry(
-                lambda: self._request(
-                    "POST", POD.object_path(namespace, name, "eviction"), body=body
-                )
-            )
-        except NotFound:
-            return True
+            pod = await self.get_pod(namespace, name)
         except KubeError as e:
-            log.warning("evict_failed", pod=f"{namespace}/{name}", error=e.message)
-            return False
-        return True
+            return EvictOutcome("error", f"{conflict.message}; then {e.message}")
+        if pod is None or (uid and (pod.get("metadata") or {}).get("uid") != uid):
+            return EvictOutcome("gone", "the pod no longer exists (its name was reused)")
+        return EvictOutcome("error", conflict.message)
 
     async def set_unschedulable(self, namespace: str, name: str, message: str) -> None:
         """Set ``PodScheduled=False, reason=Unschedulable`` (what autoscalers look for)."""

@@ -5,7 +5,9 @@ finishes pods whose run time is up and creates the jobs that have arrived; then,
 changed since the last cycle and some gang waits, one :func:`scheduler.cycle.run_cycle` runs.
 When nothing changed, a cycle would see exactly the same snapshot as the last one, so the
 loop jumps straight to the grid point of the next arrival or completion - long idle stretches
-cost nothing, and the outcome is the same as running every cycle.
+cost nothing, and the outcome is the same as running every cycle. An evicted pod leaving at the
+end of its termination grace period is such an event too: its replacement arrives, and the
+gang nominated in its place is bound.
 """
 
 from __future__ import annotations
@@ -86,7 +88,9 @@ async def simulate_async(
     """Run ``scenario`` to its end time (or until nothing more can change)."""
     settings = scenario.settings
     period = settings.cycle_period
-    cluster = SimulatedCluster(scenario.nodes, scenario.queues)
+    cluster = SimulatedCluster(
+        scenario.nodes, scenario.queues, termination_grace=settings.termination_grace
+    )
     arrivals = sorted(scenario.jobs, key=lambda j: j.at)
     next_job = 0
     end = settings.end
@@ -105,7 +109,7 @@ async def simulate_async(
         cluster.advance(t)
         while next_job < len(arrivals) and arrivals[next_job].at <= t + 1e-9:
             job = arrivals[next_job]
-            cluster.add_pods(job.pods, job.gangs, duration=job.duration)
+            cluster.add_pods(job.pods, job.gangs, duration=job.duration, grace=job.grace)
             next_job += 1
         report: CycleReport | None = None
         if cluster.dirty and cluster.pending_gangs():
@@ -122,7 +126,8 @@ async def simulate_async(
             progress(t, min(horizon_cap, max(upcoming, cluster.last_completion() or 0.0, t)))
 
         # Where to go next: the next cycle if the last one changed the cluster, else the next
-        # arrival or completion (nothing else can make a waiting gang fit).
+        # arrival, completion or departure of an evicted pod (nothing else can make a waiting
+        # gang fit).
         candidates = []
         if cluster.dirty and cluster.pending_gangs():
             candidates.append(t + period)

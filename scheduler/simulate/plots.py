@@ -3,7 +3,10 @@
 - ``allocation_per_queue.png``: one panel per leaf queue: GPUs allocated over time, its fair
   share (dashed) and what its arrived pods ask for (allocated + waiting, dotted);
 - ``gpu_allocation_vs_workload.png``: GPUs allocated in the whole cluster against the GPUs the
-  arrived workload asks for (allocated + waiting), and the cluster's GPU capacity.
+  arrived workload asks for (allocated + waiting), and the cluster's GPU capacity;
+- ``evictions_over_time.png`` (only when something was evicted): GPUs evicted at each cycle,
+  stacked by action (reclaim, preempt, consolidate, shrink), and the GPUs each queue lost so
+  far.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import matplotlib.pyplot as plt  # the backend must be chosen before pyplot load
 
 from scheduler.cluster.node import GPU_MILLI
 from scheduler.simulate.engine import SimulationResult
+from scheduler.simulate.evictions import EVICT_ACTIONS, eviction_events
 
 __all__ = ["MAX_QUEUE_PANELS", "write_plots"]
 
@@ -96,6 +100,51 @@ def _allocation_vs_workload(result: SimulationResult, path: Path) -> None:
     plt.close(fig)
 
 
+_ACTION_COLORS = {"reclaim": "C3", "preempt": "C4", "consolidate": "C5", "shrink": "C6"}
+
+
+def _evictions_over_time(result: SimulationResult, path: Path) -> None:
+    """Top: GPUs evicted per cycle, stacked by action. Bottom: GPUs each queue lost so far."""
+    events = eviction_events(result)
+    times = sorted({e.time for e in events})
+    x = [t / 60 for t in times]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), dpi=100, sharex=True)
+    width = max(result.scenario.settings.cycle_period / 60, (result.end_time / 60) / 150)
+    base = [0.0] * len(times)
+    for action in EVICT_ACTIONS:
+        gpus = [
+            sum(e.gpu for e in events if e.time == t and e.action == action) / GPU_MILLI
+            for t in times
+        ]
+        if not any(gpus):
+            continue
+        top.bar(x, gpus, width=width, bottom=base, color=_ACTION_COLORS[action], label=action)
+        base = [b + g for b, g in zip(base, gpus, strict=True)]
+    top.set_ylabel("GPUs evicted")
+    top.set_title(f"{result.scenario.name}: evictions over time")
+    top.legend(loc="upper right", fontsize="small")
+    top.grid(alpha=0.3)
+    end = result.end_time / 60
+    for i, queue in enumerate(sorted({e.queue for e in events})):
+        lost, total = [0.0], 0.0
+        steps = [0.0]
+        for t in times:
+            total += sum(e.gpu for e in events if e.time == t and e.queue == queue) / GPU_MILLI
+            steps.append(t / 60)
+            lost.append(total)
+        steps.append(max(end, steps[-1]))
+        lost.append(total)
+        bottom.step(steps, lost, where="post", color=f"C{i % 10}", label=queue)
+    bottom.set_ylabel("GPUs evicted so far")
+    bottom.set_xlabel("simulated time (minutes)")
+    bottom.set_ylim(bottom=0)
+    bottom.legend(loc="upper left", fontsize="small", title="victim queue")
+    bottom.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def write_plots(result: SimulationResult, out_dir: str | Path) -> list[Path]:
     """Write the PNG plots into ``out_dir`` (created if needed); returns their paths."""
     out = Path(out_dir)
@@ -104,4 +153,9 @@ def write_plots(result: SimulationResult, out_dir: str | Path) -> list[Path]:
     vs_workload = out / "gpu_allocation_vs_workload.png"
     _allocation_per_queue(result, per_queue)
     _allocation_vs_workload(result, vs_workload)
-    return [per_queue, vs_workload]
+    written = [per_queue, vs_workload]
+    if result.cluster.evictions:
+        evictions = out / "evictions_over_time.png"
+        _evictions_over_time(result, evictions)
+        written.append(evictions)
+    return written

@@ -192,8 +192,9 @@ def _cycle_engine(nodes: Sequence[TraceNode], settings: ReplaySettings) -> Cycle
     from scheduler.solver.placement import PlacementSettings
 
     cluster = SimulatedCluster([to_node(n) for n in nodes], [Queue(TRACE_QUEUE)])
+    # Nothing is taken back: the trace's pods stay where they land (as in the FGD paper).
     placement = PlacementSettings(
-        scoring="packing" if settings.policy == "bestfit" else "fragmentation"
+        scoring="packing" if settings.policy == "bestfit" else "fragmentation", take_back=False
     )
 
     def place(cycle: int, batch: list[TracePod]) -> list[Outcome]:

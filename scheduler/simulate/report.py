@@ -1,8 +1,10 @@
-"""The end-of-run summary: per queue (requested, allocated, fair share) and per gang (placed or
-waiting, and why), as rich tables for people and as JSON for programs.
+"""The end-of-run summary: per queue (requested, allocated, fair share), per gang (placed or
+waiting, and why) and what was taken back (evictions per gang with action and reason, totals by
+action and queue), as rich tables for people and as JSON for programs.
 
-Reasons are the ones the solver attached to each :class:`~scheduler.solver.placement.GangOutcome`,
-i.e. the same words the live scheduler writes on PodGroup status and Events.
+Reasons are the ones the solver attached to each :class:`~scheduler.solver.placement.GangOutcome`
+and :class:`~scheduler.solver.placement.Eviction`, i.e. the same words the live scheduler
+writes on PodGroup status and Events.
 """
 
 from __future__ import annotations
@@ -21,16 +23,37 @@ from scheduler.cluster.node import GPU_MILLI
 from scheduler.cluster.pod import PodPhase
 from scheduler.cluster.queue import QUEUE_RESOURCES, UNLIMITED
 from scheduler.fairness import QueueStatus
-from scheduler.simulate.backend import GangRecord
 from scheduler.simulate.engine import SimulationResult
+from scheduler.simulate.evictions import (
+    EVICT_ACTIONS,
+    EvictionEvent,
+    eviction_events,
+    eviction_totals,
+    group_evictions,
+)
+from scheduler.simulate.records import GangRecord
 
-__all__ = ["GangSummary", "format_gpu", "format_time", "gang_summaries", "print_report", "summary"]
+__all__ = [
+    "EVICT_ACTIONS",
+    "EvictionEvent",
+    "GangSummary",
+    "eviction_events",
+    "eviction_totals",
+    "format_gpu",
+    "format_time",
+    "gang_summaries",
+    "print_report",
+    "summary",
+]
 
 
 def format_time(seconds: float | None) -> str:
-    """Simulated seconds as ``1h05m``, ``2m30s`` or ``45s`` ("-" for None)."""
+    """Simulated seconds as ``1h05m``, ``2m30s`` or ``45s`` ("-" for None; before the start,
+    e.g. a job already running, ``-30m``)."""
     if seconds is None:
         return "-"
+    if seconds < 0:
+        return "-" + format_time(-seconds)
     total = round(seconds)
     h, rest = divmod(total, 3600)
     m, s = divmod(rest, 60)
@@ -71,11 +94,23 @@ class GangSummary:
     #: Why it did not start when it arrived (first reason seen), for gangs placed later.
     waited_because: str
     waited_code: str = ""
+    #: Pods of the gang evicted over the run, and how often that restarted the whole job.
+    evicted: int = 0
+    restarts: int = 0
+    #: Since when it waits: its arrival, or its last restart.
+    queued_at: float | None = None
+    #: Pods held on their nodes while the pods evicted for them terminate.
+    nominated: int = 0
+    #: Its pods' evictions (grouped), and the evictions that made room for it.
+    evictions: tuple[EvictionEvent, ...] = ()
+    made_room: tuple[EvictionEvent, ...] = ()
 
     @property
     def waited(self) -> float | None:
-        """Seconds between arrival and placement (None while waiting)."""
-        return None if self.placed_at is None else self.placed_at - self.arrived_at
+        """Seconds between arrival (or the last restart) and placement (None while waiting)."""
+        if self.placed_at is None:
+            return None
+        return self.placed_at - (self.arrived_at if self.queued_at is None else self.queued_at)
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON data."""
@@ -99,17 +134,25 @@ class GangSummary:
             "reason": self.reason,
             "waited_code": self.waited_code,
             "waited_because": self.waited_because,
+            "evicted_pods": self.evicted,
+            "restarts": self.restarts,
+            "nominated_pods": self.nominated,
+            "evictions": [e.to_json() for e in self.evictions],
+            "made_room_by": [e.to_json() for e in self.made_room],
         }
 
 
 def _gang_summary(record: GangRecord, job: str, result: SimulationResult) -> GangSummary:
-    pods = [result.cluster.pods[uid] for uid in record.pod_uids]
+    every = [result.cluster.pods[uid] for uid in record.pod_uids]
+    # An evicted pod's replacement stands for it: count each pod of the job once.
+    pods = [p for p in every if p.replaced_by is None]
     finished = sum(1 for p in pods if p.pod.phase == PodPhase.SUCCEEDED)
-    running = sum(1 for p in pods if p.pod.bound and p.pod.active)
+    nominated = sum(1 for p in pods if p.pod.nominated and p.pod.active)
+    running = sum(1 for p in pods if p.pod.bound and p.pod.active and not p.pod.nominated)
     pending = sum(1 for p in pods if p.pod.pending)
     code, reason = record.last_reason or ("", "")
     if record.placed_at is None:
-        status = "waiting"
+        status = "nominated" if nominated else "waiting"
         if not code:
             code, reason = "NotConsidered", "no cycle has considered this gang yet"
     elif pending:
@@ -121,6 +164,7 @@ def _gang_summary(record: GangRecord, job: str, result: SimulationResult) -> Gan
     first_code, first = "", ""
     if record.placed_at is not None and record.first_reason:
         first_code, first = record.first_reason
+    waiting = status in ("waiting", "partly placed", "nominated")
     return GangSummary(
         gang=record.gang.key,
         job=job,
@@ -134,10 +178,16 @@ def _gang_summary(record: GangRecord, job: str, result: SimulationResult) -> Gan
         arrived_at=record.arrived_at,
         placed_at=record.placed_at,
         status=status,
-        reason_code=code if status in ("waiting", "partly placed") else "",
-        reason=reason if status in ("waiting", "partly placed") else "",
+        reason_code=code if waiting else "",
+        reason=reason if waiting else "",
         waited_because=first,
         waited_code=first_code,
+        evicted=len(record.evictions),
+        restarts=record.restarts,
+        queued_at=record.queued_at,
+        nominated=nominated,
+        evictions=tuple(group_evictions(record.evictions)),
+        made_room=tuple(group_evictions(record.made_room)),
     )
 
 
@@ -244,6 +294,8 @@ def summary(result: SimulationResult) -> dict[str, Any]:
         "capacity": {k: v / 1000 if k in ("gpu", "cpu") else v for k, v in report.capacity.items()},
         "queues": queues,
         "gangs": [g.to_json() for g in gang_summaries(result)],
+        "evictions": [e.to_json() for e in eviction_events(result)],
+        "eviction_totals": eviction_totals(result),
         "timeline": [
             {
                 "time": sample.time,
@@ -261,11 +313,14 @@ def summary(result: SimulationResult) -> dict[str, Any]:
 
 
 def _gang_rows(gangs: list[GangSummary]) -> list[tuple[str, ...]]:
-    """Table rows; pods of one job without a PodGroup that share an outcome share a row."""
-    grouped: dict[tuple[str, str, str, str, float | None], list[GangSummary]] = {}
+    """Table rows; pods of one job without a PodGroup that share an outcome share a row (the
+    same reason code: their messages differ only in the pod they name; the first is shown)."""
+    grouped: dict[tuple[str, str, str, str, float | None, int], list[GangSummary]] = {}
     for g in gangs:
         name = f"{g.gang.split('/', 1)[0]}/{g.job}" if g.implicit else g.gang
-        grouped.setdefault((name, g.status, g.reason, g.queue, g.placed_at), []).append(g)
+        reason = g.reason_code if g.implicit else g.reason
+        key = (name, g.status, reason, g.queue, g.placed_at, g.restarts)
+        grouped.setdefault(key, []).append(g)
     rows: list[tuple[str, ...]] = []
     for (name, *_), members in grouped.items():
         g = members[0]
@@ -279,6 +334,8 @@ def _gang_rows(gangs: list[GangSummary]) -> list[tuple[str, ...]]:
         reason = f"[bold]{escape(g.reason_code)}[/]" + (f": {escape(g.reason)}" if g.reason else "")
         if g.status == "waiting":
             status, why = "[yellow]waiting[/]", reason
+        elif g.status == "nominated":
+            status, why = "[yellow]nominated[/]", reason
         elif g.status == "partly placed":
             status, why = "[yellow]partly placed[/]", f"{g.pending} extra pod(s) wait: {reason}"
         else:
@@ -290,9 +347,72 @@ def _gang_rows(gangs: list[GangSummary]) -> list[tuple[str, ...]]:
                 if g.waited_because and waited > 0
                 else "placed when it arrived"
             )
+            if g.made_room:
+                took = sum(e.pods for e in g.made_room)
+                actions = ", ".join(sorted({e.action for e in g.made_room}))
+                if g.waited_because:
+                    why += f"; then took back {took} pod(s) ({actions})"
+                else:
+                    why = f"took back {took} pod(s) ({actions})" + (
+                        f"; bound {format_time(waited)} later, once they were gone"
+                        if waited > 0
+                        else ""
+                    )
+        if g.evictions:
+            lost = ", ".join(sorted({e.action for e in g.evictions}))
+            times = f"{g.restarts}x restarted" if g.restarts else f"{g.evicted} pod(s)"
+            why += f" [red](evicted: {lost}; {times})[/]"
         placed = format_time(g.placed_at)
         rows.append((label, escape(g.queue), pods, format_time(g.arrived_at), placed, status, why))
     return rows
+
+
+def _eviction_tables(result: SimulationResult, console: Console) -> None:
+    """Evictions per gang (with action and the reason message), then totals per queue."""
+    events = eviction_events(result)
+    if not events:
+        return
+    table = Table(title="Evictions", title_justify="left")
+    for col in ("At", "Gang", "Queue", "Action", "Pods", "GPUs", "For"):
+        table.add_column(col, no_wrap=col not in ("Gang", "For"), overflow="fold")
+    table.add_column("Why", overflow="fold", ratio=1)
+    for e in events:
+        table.add_row(
+            format_time(e.time),
+            escape(e.gang),
+            escape(e.queue),
+            e.action,
+            str(e.pods),
+            format_gpu(e.gpu),
+            escape(e.for_gang),
+            escape(e.message),
+        )
+    console.print(table)
+    totals = eviction_totals(result)
+    used = [a for a in EVICT_ACTIONS if totals["by_action"][a]["pods"]]
+    title = "Evicted pods (GPUs) by queue and action"
+    per_queue = Table(title=title, title_justify="left", min_width=len(title))
+    per_queue.add_column("Queue")
+    for a in (*used, "total"):
+        per_queue.add_column(a, justify="right")
+
+    def cell(row: dict[str, float] | None) -> str:
+        if not row or not row["pods"]:
+            return "-"
+        return f"{int(row['pods'])} ({format_gpu(round(row['gpus'] * GPU_MILLI))})"
+
+    for queue, actions in totals["by_queue"].items():
+        all_pods = sum(r["pods"] for r in actions.values())
+        all_gpus = sum(r["gpus"] for r in actions.values())
+        per_queue.add_row(
+            escape(queue),
+            *(cell(actions.get(a)) for a in used),
+            cell({"pods": all_pods, "gpus": all_gpus}),
+        )
+    per_queue.add_row(
+        "[bold]all[/]", *(cell(totals["by_action"][a]) for a in used), cell(totals["total"])
+    )
+    console.print(per_queue)
 
 
 def print_report(result: SimulationResult, console: Console | None = None) -> None:
@@ -334,5 +454,6 @@ def print_report(result: SimulationResult, console: Console | None = None) -> No
     for row in _gang_rows(gang_summaries(result)):
         gangs.add_row(*row)
     console.print(gangs)
+    _eviction_tables(result, console)
     for f in report.findings:
         console.print(f"[red]queue {escape(f.queue)}[/] {escape(f.field)}: {escape(f.message)}")

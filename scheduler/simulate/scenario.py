@@ -4,12 +4,13 @@ A scenario reads like the Kubernetes objects a KAI user already writes::
 
     name: quickstart
     settings: {cyclePeriod: 10s, end: 40m, gpuStrategy: binpack, scoring: packing,
-               solver: cpsat}
+               solver: cpsat, takeBack: true, terminationGracePeriod: 0s}
     nodes:                       # shapes x counts
       - {name: dgx, count: 2, gpus: 8, cpu: 64, memory: 512Gi, labels: {...}, taints: [...]}
     queues:                      # Queue CRD objects (metadata + spec)
       - metadata: {name: team-a}
-        spec: {parentQueue: research, resources: {gpu: {quota: 8}}}
+        spec: {parentQueue: research, resources: {gpu: {quota: 8}},
+               preemptMinRuntime: 5m, reclaimMinRuntime: 10m}
     podGroups:                   # optional PodGroup CRD objects shared by several jobs
       - metadata: {name: train, namespace: team-b}
         spec: {queue: team-b, minMember: 5}
@@ -19,7 +20,11 @@ A scenario reads like the Kubernetes objects a KAI user already writes::
         queue: team-a
         at: 0s
         duration: 30m            # each pod runs this long once bound (omit: runs forever)
-        podGroup: {minMember: 4} # inline PodGroup spec, or the name of a podGroups entry
+        podGroup: {minMember: 4, preemptionDelay: 1m}  # inline PodGroup spec, or the name
+                                                        # of a podGroups entry
+        running:                 # optional: already running at the start,
+          nodes: [dgx-0, dgx-0, dgx-1, dgx-1]           # on these nodes (one per pod),
+          startTime: -10m        # since 10 minutes before it (so 20 minutes are left)
         pods:
           count: 4
           template: {metadata: {annotations: {...}}, spec: {containers: [...]}}
@@ -54,6 +59,7 @@ from scheduler.simulate.fields import (
     read_seconds,
     read_string_map,
 )
+from scheduler.simulate.running import grant_running
 from scheduler.simulate.workload import JobArrival, parse_jobs, pod_groups, priority_classes
 from scheduler.solver.placement import PlacementSettings, Strategy
 
@@ -92,6 +98,9 @@ class ScenarioSettings:
     end: float | None = None
     #: Placement settings handed to every cycle (same type the live scheduler uses).
     placement: PlacementSettings = field(default_factory=PlacementSettings)
+    #: Seconds an evicted pod keeps its resources before it is gone (unless its template sets
+    #: ``terminationGracePeriodSeconds``).
+    termination_grace: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -128,6 +137,8 @@ def _settings(raw: Any) -> ScenarioSettings:
             "scoring",
             "solver",
             "solverTimeLimit",
+            "takeBack",
+            "terminationGracePeriod",
         ),
     )
     period = read_seconds(data.get("cyclePeriod", "10s"), "settings.cyclePeriod")
@@ -138,6 +149,12 @@ def _settings(raw: Any) -> ScenarioSettings:
     end = None if data.get("end") is None else read_seconds(data["end"], "settings.end")
     limit = read_seconds(data.get("solverTimeLimit", "0.5s"), "settings.solverTimeLimit")
     solver = read_choice(data.get("solver", "cpsat"), "settings.solver", _SOLVERS)
+    take_back = data.get("takeBack", True)
+    if not isinstance(take_back, bool):
+        raise ScenarioError("settings.takeBack", "must be true (reclaim and preempt) or false")
+    grace = read_seconds(
+        data.get("terminationGracePeriod", "0s"), "settings.terminationGracePeriod"
+    )
     placement = PlacementSettings(
         gpu_strategy=_strategy(data, "gpuStrategy"),
         cpu_strategy=_strategy(data, "cpuStrategy"),
@@ -147,8 +164,11 @@ def _settings(raw: Any) -> ScenarioSettings:
         else "packing",
         time_limit_seconds=limit,
         greedy_only=solver == "greedy",
+        take_back=take_back,
     )
-    return ScenarioSettings(cycle_period=period, end=end, placement=placement)
+    return ScenarioSettings(
+        cycle_period=period, end=end, placement=placement, termination_grace=grace
+    )
 
 
 def _quantity_field(raw: Any, path: str) -> Any:
@@ -289,6 +309,7 @@ def parse_scenario(data: Any, *, default_name: str = "scenario") -> Scenario:
         pod_groups(root.get("podGroups")),
         priority_classes(root.get("priorityClasses")),
     )
+    jobs = grant_running(jobs, nodes)
     return Scenario(str(root.get("name") or default_name), settings, nodes, queues, jobs)
 
 

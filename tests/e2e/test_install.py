@@ -192,6 +192,8 @@ def _assert_least_privilege(cp: ControlPlane, namespace: str, make_gpu_nodes: Ma
         ("watch", "podgroups.scheduling.volcano.sh", None),
         ("patch", "queues.scheduling.volcano.sh/status", None),
         ("watch", "priorityclasses.scheduling.k8s.io", None),
+        ("watch", "poddisruptionbudgets.policy", None),
+        ("list", "poddisruptionbudgets.policy", namespace),
         ("create", "leases.coordination.k8s.io", NS), ("update", "leases.coordination.k8s.io", NS),
     ]  # fmt: skip
     denied_list = [
@@ -201,6 +203,7 @@ def _assert_least_privilege(cp: ControlPlane, namespace: str, make_gpu_nodes: Ma
         ("create", "queues.scheduling.run.ai", None), ("update", "queues.scheduling.run.ai", None),
         ("delete", "podgroups.scheduling.run.ai", namespace),
         ("create", "leases.coordination.k8s.io", namespace), ("create", "priorityclasses", None),
+        ("delete", "poddisruptionbudgets.policy", namespace),
         ("create", "clusterrolebindings", None), ("delete", "namespaces", None),
     ]  # fmt: skip
     wrong = [a for a in allowed if not _can_i(cp, kubeconfig, *a)]

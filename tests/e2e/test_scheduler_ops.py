@@ -134,7 +134,9 @@ def test_metrics_probes_and_json_logs(
     assert (_sample(text, "kai_solve_duration_seconds_count") or 0) >= 1
     assert _sample(text, "kai_pending_gangs", queue="default-queue") == 1
     assert _sample(text, "kai_bind_failures_total") == 0
-    assert _sample(text, "kai_evictions_total", reason="stale_gang") == 0
+    assert not _sample(text, "kai_evictions_total")  # nothing evicted
+    assert _sample(text, "kai_eviction_failures_total", reason="pdb") == 0
+    assert _sample(text, "kai_nominated_pods") == 0
     assert (_sample(text, "kai_queue_allocated", queue="default-queue", resource="gpu") or 0) >= 2
     assert _sample(text, "kai_queue_fair_share", queue="default-queue", resource="gpu") is not None
     assert _sample(text, "kai_leader") == 1

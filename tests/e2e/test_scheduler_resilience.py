@@ -247,7 +247,7 @@ def test_gang_left_partial_is_evicted_after_its_grace_period(
         if e["reason"] == "Evicted" and e["involvedObject"]["name"] == "pair-1"
     ]
     assert evicted and "pair" in evicted[0]["message"], evicted
-    assert 'kai_evictions_total{reason="stale_gang"} 1.0' in sched.metrics()
+    assert 'kai_evictions_total{action="stale_gang",queue="default-queue"} 1.0' in sched.metrics()
 
 
 def test_api_server_restart_while_pods_pend(

@@ -110,7 +110,9 @@ async def test_watch_sees_every_kind_created_updated_deleted(
 ) -> None:
     cp = control_plane
     async with watching(admin(cp)) as (cache, watcher):
-        assert watcher.listed == {"Pod", "Node", "Queue", "PodGroup", "PriorityClass"}
+        assert watcher.listed == {
+            "Pod", "Node", "Queue", "PodGroup", "PriorityClass", "PodDisruptionBudget"
+        }  # fmt: skip
         (node,) = await asyncio.to_thread(make_gpu_nodes, 1, gpus=4)
         queue = f"q-{namespace}"
         await kubectl(

@@ -49,6 +49,7 @@ REQUIRED_CLUSTER_PERMISSIONS: set[tuple[str, str, str]] = {
         for v in ("patch", "update")
     },
     *{("scheduling.k8s.io", "priorityclasses", v) for v in ("get", "list", "watch")},
+    *{("policy", "poddisruptionbudgets", v) for v in ("list", "watch")},
 }
 REQUIRED_LEASE_PERMISSIONS = {
     ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update", "patch")

@@ -52,6 +52,7 @@ def result() -> SimulationResult:
 def test_quickstart_outcome(result: SimulationResult) -> None:
     gangs = {g.gang: g for g in gang_summaries(result)}
     assert result.end_time == 40 * 60 and result.stopped == "end"
+    assert not result.scenario.settings.placement.take_back and not result.cluster.evictions
 
     pretrain = gangs["team-a/pretrain"]
     assert (pretrain.status, pretrain.placed_at) == ("running", 0.0)
@@ -84,11 +85,13 @@ def test_quickstart_outcome(result: SimulationResult) -> None:
 
 def test_gangs_are_never_partly_bound(result: SimulationResult) -> None:
     for record in result.cluster.gangs.values():
-        pods = [result.cluster.pods[uid].pod for uid in record.pod_uids]
+        # Pods evicted and replaced (none here: taking back is off) would not count.
+        uids = [u for u in record.pod_uids if result.cluster.pods[u].replaced_by is None]
+        pods = [result.cluster.pods[uid].pod for uid in uids]
         started = [p for p in pods if p.bound]
         assert not started or len(started) >= record.gang.min_member, record.gang.key
         # No elastic extras here: every pod of a gang was bound in one and the same cycle.
-        bound_at = {result.cluster.pods[uid].bound_at for uid in record.pod_uids}
+        bound_at = {result.cluster.pods[uid].bound_at for uid in uids}
         assert len(bound_at) == 1, (record.gang.key, bound_at)
         if record.gang.key == "team-a/big-train":
             assert all(p.phase == PodPhase.PENDING and not p.bound for p in pods)
