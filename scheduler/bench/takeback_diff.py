@@ -944,7 +944,7 @@ def compare(scenario: Scenario, runs: Mapping[str, Mapping[str, Any]]) -> dict[s
             row[f"{name}_running"] = gang["running"] if gang else None
             row[f"{name}_actions"] = gang["actions"] if gang else None
         if "ours" in runs and "kai" in runs:
-            row["match"] = row["ours"] == row["kai"]
+            row["match"] = (row["ours"], row["ours_running"]) == (row["kai"], row["kai_running"])
         rows.append(row)
     as_expected: dict[str, bool] = {}
     actions_as_expected: dict[str, bool] = {}
@@ -994,7 +994,7 @@ def compare(scenario: Scenario, runs: Mapping[str, Mapping[str, Any]]) -> dict[s
 
 def table(comparisons: Sequence[Mapping[str, Any]]) -> str:
     """A short human table (stderr)."""
-    lines = [f"{'scenario':<12} {'gang':<12} {'expected':<9} {'ours':<16} {'kai':<16} match"]
+    lines = [f"{'scenario':<12} {'gang':<12} {'expected':<9} {'ours':<20} {'kai':<20} match"]
     for c in comparisons:
         for row in c["gangs"]:
 
@@ -1007,9 +1007,14 @@ def table(comparisons: Sequence[Mapping[str, Any]]) -> str:
             match = row.get("match")
             lines.append(
                 f"{c['scenario']:<12} {row['gang']:<12} {row['expected']:<9} "
-                f"{cell('ours'):<16} {cell('kai'):<16} {'' if match is None else match}"
+                f"{cell('ours'):<20} {cell('kai'):<20} {'' if match is None else match}"
             )
-        lines.append(f"{'':<12} -> {c['verdict']}")
+        settled = ", ".join(
+            f"{name} {run.get('seconds_to_last_change')}s"
+            for name, run in c["runs"].items()
+            if run.get("seconds_to_last_change") is not None
+        )
+        lines.append(f"{'':<12} -> {c['verdict']} (last change after the second wave: {settled})")
     return "\n".join(lines)
 
 

@@ -368,6 +368,24 @@ def _solve_one(
     candidates = [units[i] for i in actions if i in in_model]
     movable = sorted((u for u in movable if u.id in in_model), key=lambda u: cost[u.id])
     movable = movable[:MAX_MODEL_MOVERS]
+    if movable:
+        # Where moved pods may land: nodes with room for one of them, though maybe not for
+        # any pod of the gang (so not among the nodes above).
+        movers = [pods[0] for u in movable for pods in _group(u.pods).values()]
+        landing: set[str] = set()
+        for key, names in state.classes.items():
+            slot = state.representative(key)
+            if slot is not None and any(
+                p.accepts(slot.node)
+                and (d := state.demand_on(p, slot)) is not None
+                and slot.fits(d)
+                for p in movers
+            ):
+                landing.update(names)
+        landing -= set(chosen_nodes)
+        chosen_nodes += sorted(landing, key=lambda n: (-sum(state.nodes[n].gpu_free), n))[
+            : MAX_MODEL_NODES // 4
+        ]
 
     rooms = victim_rooms(
         [units[i] for i in actions], actions, g, snapshot.queue_tree, book.report, book.charged

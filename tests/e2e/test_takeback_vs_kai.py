@@ -12,9 +12,10 @@ documented :class:`~scheduler.bench.takeback_diff.Difference` says (docs/taking-
 
 Nothing is skipped: missing KAI binaries are built by ``testenv/build_peers.sh kai`` (cached in
 ``.cache/peer-bin``; a cold build takes minutes, hence this module's long timeout). With the
-binaries cached the module takes about two and a half minutes on the 2-core machine: one
-control plane, then each scheduler started once for all scenarios, every scenario on fresh
-kwok nodes, queues and namespace, judged stable after ``SETTLE`` seconds without change.
+binaries cached the module takes about two minutes on the 2-core machine (2 min 2 s
+measured): one control plane, then each scheduler started once for all scenarios, every
+scenario on fresh kwok nodes, queues and namespace, judged stable after ``SETTLE`` seconds
+without change.
 """
 
 from __future__ import annotations

@@ -107,6 +107,11 @@ async def test_a_stalled_watch_never_double_books_a_device(
     assert report.commit.dispatched_pods == 1, report.placement.outcomes
     await backend.flush()
     first = await get_pod(api, namespace, "first")
+    for _ in range(100):  # kwok marks it Running: a write of its own, before we compare
+        if first.get("status", {}).get("phase") == "Running":
+            break
+        await asyncio.sleep(0.1)
+        first = await get_pod(api, namespace, "first")
     assert first["spec"]["nodeName"] == node
     # The grant was written by the bind itself.
     assert json.loads(first["metadata"]["annotations"][GPU_GRANT_ANNOTATION]) == {"0": 1000}

@@ -369,6 +369,20 @@ def test_consolidation_moves_a_pod_only_when_it_fits_elsewhere() -> None:
     assert p.evictions == ()
 
 
+def test_consolidation_moves_a_pod_to_a_node_the_gang_cannot_use() -> None:
+    """n0 has 2 GPUs free, too few for the new gang but room for the 2-GPU pod on n1; moving
+    it frees 4 on n1. (Found by the side-by-side run against KAI-Scheduler.)"""
+    queues = [make_queue("root"), make_queue("a", "root", gpu_quota=16)]
+    fixed0 = running("fixed0", "a", [("n0", tuple(range(6)))], priority=100, started=100)
+    fixed1 = running("fixed1", "a", [("n1", (0, 1, 2, 3))], priority=100, started=100)
+    mover = running("mover", "a", [("n1", (4, 5))], priority=50, started=200)
+    want = make_gang("want", 1, queue="a", gpus=4, priority=50, created=NOW - 1)
+    p = run(snap(NODES, queues, fixed0, fixed1, mover, want))
+    assert [(e.gang, e.action) for e in p.evictions] == [("default/mover", "consolidate")]
+    assert "want" in placed(p)
+    assert {a.node for a in p.outcomes["default/want"].pods} == {"n1"}
+
+
 def test_consolidation_respects_the_pod_cap() -> None:
     queues = [make_queue("root"), make_queue("a", "root", gpu_quota=16)]
     # Four single-GPU pods in one gang on n0, spread so no 8-GPU node is free.
