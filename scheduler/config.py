@@ -86,6 +86,9 @@ class SchedulerConfig:
     max_requests_in_flight: int = 64
     #: The same Event (object, reason, message) is sent at most once per this many seconds.
     event_interval: float = 60.0
+    #: Seconds a gang held on its nodes (nominated) waits for the pods evicted for it to
+    #: terminate before the hold is dropped and the gang is planned again.
+    nomination_timeout: float = 120.0
     #: Leader election timing.
     leader_election: LeaderElectionSettings = field(default_factory=LeaderElectionSettings)
 
@@ -165,6 +168,9 @@ def _placement(raw: Any, base: PlacementSettings) -> PlacementSettings:
         "scoring": _scoring,
         "solverWorkers": lambda v, k: _int(v, k, 1),
         "greedyOnly": _bool,
+        "takeBack": _bool,
+        "consolidationMaxPods": lambda v, k: _int(v, k, 0),
+        "takeBackGangs": lambda v, k: _int(v, k, 0),
     }
     _check_keys(data, parsers, "placement.")
     names = {
@@ -173,6 +179,9 @@ def _placement(raw: Any, base: PlacementSettings) -> PlacementSettings:
         "scoring": "scoring",
         "solverWorkers": "workers",
         "greedyOnly": "greedy_only",
+        "takeBack": "take_back",
+        "consolidationMaxPods": "consolidation_max_pods",
+        "takeBackGangs": "take_back_gangs",
     }
     changes = {names[k]: parsers[k](v, f"placement.{k}") for k, v in data.items()}
     return replace(base, **changes)
@@ -219,6 +228,7 @@ def parse_config(data: Any, base: SchedulerConfig | None = None) -> SchedulerCon
         "bindAttempts": ("bind_attempts", lambda v, k: _int(v, k, 1)),
         "maxRequestsInFlight": ("max_requests_in_flight", lambda v, k: _int(v, k, 1)),
         "eventInterval": ("event_interval", lambda v, k: _duration(v, k, positive=False)),
+        "nominationTimeout": ("nomination_timeout", _duration),
     }
     nested = ("placement", "solverTimeLimit", "leaderElection")
     _check_keys(top, {**simple, **dict.fromkeys(nested)}, "")

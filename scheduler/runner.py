@@ -36,7 +36,7 @@ from scheduler.cache import Cache
 from scheduler.cluster import CPU, GPU, PODS, GpuRequest, Node, Pod, Queue, Resources, Snapshot
 from scheduler.cluster.gang import Gang
 from scheduler.cluster.queuespec import SpecError, parse_duration
-from scheduler.commit import DEFAULT_NOMINATION_TIMEOUT, LiveBackend
+from scheduler.commit import LiveBackend
 from scheduler.config import SchedulerConfig, ServiceSettings
 from scheduler.cycle import run_cycle
 from scheduler.health import HealthServer, HealthState
@@ -81,7 +81,7 @@ class Scheduler:
         self.cache = Cache(config.scheduler_name, config.default_queue)
         self.lost_leadership = False
         #: Seconds a gang held on its nodes waits for the pods evicted for it to terminate.
-        self.nomination_timeout = DEFAULT_NOMINATION_TIMEOUT
+        self.nomination_timeout = config.nomination_timeout
 
     def is_leader(self) -> bool:
         """True when this replica may bind (always, without leader election)."""

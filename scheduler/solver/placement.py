@@ -171,8 +171,8 @@ class Placement:
     #: once every pod listed here is gone.
     waits_for: dict[str, tuple[str, ...]] = field(default_factory=dict)
     #: A lower bound of the GPU thousandths any plan must evict to admit the gangs that
-    #: evicted, taken in the same order: per gang, the whole GPUs it asks for minus the whole
-    #: free GPUs on the nodes it accepts at its turn (0 when nothing was evicted).
+    #: evicted, taken in the same order: per gang, what must leave the devices of the nodes
+    #: it accepts, at its turn, before its pods fit on whole devices (0 when nothing was).
     min_evicted_gpu_milli: int = 0
 
     @property

@@ -95,7 +95,7 @@ class TakeBack:
 class _Choice:
     evict: dict[int, EvictAction]  # unit id -> action
     move: set[int]
-    #: Whole GPUs any plan must free for the gang (see Placement.min_evicted_gpu_milli).
+    #: GPU thousandths any plan must evict for the gang (see Placement.min_evicted_gpu_milli).
     floor: int = 0
 
 
@@ -121,7 +121,6 @@ def take_back(
         return out
     started = time.perf_counter()
     now = snapshot.now
-    units = build_units(snapshot)
     # Pods already terminating (evicted by an earlier cycle, or by a leader before us) free
     # their room soon: a gang that fits once they are gone is held for them instead of
     # evicting anyone more. Room already promised to a held gang stays taken (held pods are
@@ -131,9 +130,8 @@ def take_back(
         if p.deleting and p.node_name and p.active and p.uid in state.bound:
             state.release(p.uid)
             leaving[p.node_name].append(p.uid)
-    if not units and not leaving:
-        return out
-    # The stage's own budget, like placement's: building the units above is not counted.
+    units: list[Unit] | None = None  # built once the first gang may take back
+    # The stage's own budget, like placement's (building the units is not counted).
     deadline = time.perf_counter() + max(0.2, settings.time_limit_seconds)
     gangs = snapshot.gang_by_key
     taken: set[int] = set()  # units already evicted or moved this cycle
@@ -156,6 +154,12 @@ def take_back(
             # Only non-preemptible usage counts against that quota: no eviction can help.
             out.refused[g.key] = problem[1]
             continue
+        if units is None:
+            building = time.perf_counter()
+            units = build_units(snapshot)
+            deadline += time.perf_counter() - building
+        if not units and not leaving:
+            break
         tried += 1
         left = deadline - time.perf_counter()
         if left <= 0.01:
@@ -164,7 +168,7 @@ def take_back(
             admitted.add(g.key)
             continue
         actions: dict[int, EvictAction] = {}
-        rules: dict[str, str | None] = {}
+        rules: dict[str, tuple[str | None, float]] = {}
         for u in units:
             if u.id in taken or u.gang in taken_gangs:
                 continue
@@ -239,7 +243,7 @@ def take_back(
             pdb_used[b.key] += sum(1 for p in b.pod_uids if p in set(uids))
         out.assignments += assignments
         out.waits_for[g.key] = tuple(uids)
-        out.min_evicted_gpu_milli += found.floor * GPU_MILLI
+        out.min_evicted_gpu_milli += found.floor
         admitted.add(g.key)
         log.info(
             "taken_back",
@@ -339,7 +343,7 @@ def _solve_one(
         accepting.update(names)
         if any((d := state.demand_on(p, slot)) is not None and slot.fits(d) for p in reps):
             roomy.update(names)
-    floor = _min_devices_to_free(g, state, accepting)
+    floor = _min_milli_to_free(g, state, accepting)
     victim_nodes: dict[str, list[Unit]] = defaultdict(list)
     for i in actions:
         for n in units[i].nodes & accepting:
@@ -506,13 +510,12 @@ def _solve_one(
         ]
         if terms:
             model.add(sum(terms) <= max(0, b.allowed - pdb_used.get(b.key, 0)))
+    side = {
+        q: branch_pair(snapshot.queue_tree, g.queue, q)[1]
+        for q in {u.queue for u in candidates if u.queue != g.queue}
+    }
     for branch, limits in rooms.items():
-        members = [
-            u
-            for u in candidates
-            if u.queue != g.queue
-            and branch_pair(snapshot.queue_tree, g.queue, u.queue)[1] == branch
-        ]
+        members = [u for u in candidates if side.get(u.queue) == branch]
         for r, room in limits:
             model.add(sum(u.usage.get(r, 0) * e[u.id] for u in members) <= room)
     if m:
@@ -551,29 +554,24 @@ def _group(pods: Sequence[Pod]) -> dict[object, list[Pod]]:
     return out
 
 
-def _min_devices_to_free(g: GangRequest, state: ClusterState, accepting: set[str]) -> int:
-    """A lower bound of the whole GPUs that must be freed for ``g`` to fit: as if every pod
-    asked for the smallest whole-GPU count ``k`` among them, each pod needs ``k`` free
-    devices on one node; a node with ``f`` free of ``cap`` takes ``f // k`` pods for nothing,
-    one more for ``k - f % k`` freed devices, each further one for ``k``."""
+def _min_milli_to_free(g: GangRequest, state: ClusterState, accepting: set[str]) -> int:
+    """A lower bound of the GPU thousandths that must be evicted for ``g`` to fit.
+
+    As if every pod asked for the smallest whole-GPU count ``k`` among them: each pod needs
+    ``k`` whole devices on one node, and a device with ``f`` thousandths free becomes whole
+    only once ``1000 - f`` more are evicted from it. On each node the c-th pod takes the c·k
+    cheapest devices; these marginal costs only grow, so taking the cheapest slots over all
+    nodes gives the least total."""
     counts = [p.gpu.count for p in g.required if p.gpu is not None and p.gpu.whole]
     if not counts:
         return 0
     k, pods = min(counts), len(counts)
-    free_slots = 0
-    costs: list[int] = []
+    slots: list[int] = []
     for n in accepting:
-        slot = state.nodes[n]
-        cap = len(slot.gpu_free) // k
-        f = sum(1 for x in slot.gpu_free if x >= GPU_MILLI)
-        free_slots += f // k
-        more = cap - f // k
-        if more > 0 and f % k:
-            costs.append(k - f % k)
-            more -= 1
-        costs += [k] * min(more, pods)
-    need = pods - free_slots
-    return sum(sorted(costs)[:need]) if need > 0 else 0
+        costs = sorted(GPU_MILLI - min(f, GPU_MILLI) for f in state.nodes[n].gpu_free)
+        for c in range(min(len(costs) // k, pods)):
+            slots.append(sum(costs[c * k : (c + 1) * k]))
+    return sum(sorted(slots)[:pods]) if len(slots) >= pods else sum(slots)
 
 
 class _Need:

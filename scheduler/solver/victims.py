@@ -159,24 +159,25 @@ def action_for(
     report: FairShareReport,
     charged: Mapping[str, Mapping[str, int]],
     now: float,
-    rules: dict[str, str | None] | None = None,
+    rules: dict[str, tuple[str | None, float]] | None = None,
 ) -> EvictAction | None:
     """Under which rule ``unit`` may be evicted for pending gang ``g`` (None: it may not).
 
     The victim side's cap (its branch stays at or above fair share) is a row of the model,
     not decided here; here a reclaim only needs the victim's branch to be above its share
     and the reclaimer's branch to stay within its own with the gang added. ``rules`` caches
-    the per-queue part for one gang (pass the same dict for all units of one gang).
+    the per-queue part (rule, min runtime) for one gang: pass the same dict for all its units.
     """
     if unit.gang == g.key:
         return None
     rules = {} if rules is None else rules
-    if unit.queue not in rules:
-        rules[unit.queue] = queue_rule(g, unit.queue, tree, report, charged)
-    rule = rules[unit.queue]
-    if rule is None:
-        return None
-    if now - unit.started < tree.min_runtime(unit.queue, rule):
+    found = rules.get(unit.queue)
+    if found is None:
+        rule = queue_rule(g, unit.queue, tree, report, charged)
+        least = tree.min_runtime(unit.queue, rule) if rule is not None else 0.0
+        found = rules[unit.queue] = (rule, least)
+    rule, least = found
+    if rule is None or now - unit.started < least:
         return None
     if rule == "preempt" and unit.priority >= g.priority:
         return None
@@ -223,10 +224,9 @@ def victim_rooms(
     """Victim branch -> (resource, how much may still be taken from it) for the units that
     are reclaimed (not preempted) for ``g``: a branch never goes below its fair share."""
     out: dict[str, tuple[tuple[str, int], ...]] = {}
-    for u in units:
-        if u.id not in actions or u.queue == g.queue:
-            continue
-        _, theirs = branch_pair(tree, g.queue, u.queue)
+    queues = {u.queue for u in units if u.id in actions and u.queue != g.queue}
+    for queue in sorted(queues):
+        _, theirs = branch_pair(tree, g.queue, queue)
         if theirs in out:
             continue
         have, share = used(report, charged, theirs), fair(report, theirs)

@@ -36,10 +36,10 @@ def test_every_key_is_applied(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(
         "placement: {gpu: spread, cpu: binpack, scoring: fragmentation, solverWorkers: 1,"
-        " greedyOnly: true}\n"
+        " greedyOnly: true, takeBack: false, consolidationMaxPods: 4, takeBackGangs: 2}\n"
         "cyclePeriod: 250ms\nsolverTimeLimit: 2s\ndefaultQueue: team-a\n"
         "stalenessGracePeriod: 1m30s\nschedulerName: other\nbindAttempts: 5\n"
-        "eventInterval: 10s\ndebounce: 0s\n"
+        "eventInterval: 10s\ndebounce: 0s\nnominationTimeout: 45s\n"
         "leaderElection: {leaseName: x, leaseNamespace: ns, leaseDuration: 6s,"
         " renewDeadline: 4s, retryPeriod: 1s}\n"
     )
@@ -49,6 +49,10 @@ def test_every_key_is_applied(tmp_path: Path) -> None:
     assert cfg.placement.scoring == "fragmentation"
     assert cfg.placement.workers == 1
     assert cfg.placement.greedy_only is True
+    assert cfg.placement.take_back is False
+    assert cfg.placement.consolidation_max_pods == 4
+    assert cfg.placement.take_back_gangs == 2
+    assert cfg.nomination_timeout == 45.0
     assert cfg.placement.time_limit_seconds == 2.0
     assert cfg.cycle_period == 0.25
     assert cfg.default_queue == "team-a"

@@ -169,6 +169,9 @@ def test_placements_respect_every_hard_rule(
         settings_,
     )
     assert found == []
+    by_uid = {p.uid: p for p in snap.pods}
+    evicted_milli = sum(pod_queue_usage(by_uid[e.pod_uid])["gpu"] for e in placement.evictions)
+    assert evicted_milli >= placement.min_evicted_gpu_milli  # a lower bound holds
     assert not placement.violations
     pending = {g.key for g in snap.gangs if any(p.pending for p in snap.pods_by_gang[g.key])}
     assert set(placement.outcomes) == pending
