@@ -336,15 +336,7 @@ class Writer:
             "message": message[:_MAX_MESSAGE],
             "lastTransitionTime": now_rfc3339(),
         }
-        body = {"status": {"conditions": [condition]}}
-        await self._retry(
-            lambda: self._request(
-                "PATCH",
-                POD.object_path(namespace, name, "status"),
-                body=body,
-                content_type=STRATEGIC_MERGE_PATCH,
-            )
-        )
+        await self._patch_pod_condition(namespace, name, condition)
 
     async def _post_eviction(self, namespace: str, name: str, uid: str) -> EvictOutcome:
         body: dict[str, Any] = {
@@ -390,6 +382,20 @@ class Writer:
             return EvictOutcome("gone", "the pod no longer exists (its name was reused)")
         return EvictOutcome("error", conflict.message)
 
+    async def _patch_pod_condition(
+        self, namespace: str, name: str, condition: dict[str, Any]
+    ) -> None:
+        """Set one condition in the pod's status (merged by type), with retries."""
+        body = {"status": {"conditions": [condition]}}
+        await self._retry(
+            lambda: self._request(
+                "PATCH",
+                POD.object_path(namespace, name, "status"),
+                body=body,
+                content_type=STRATEGIC_MERGE_PATCH,
+            )
+        )
+
     async def set_unschedulable(self, namespace: str, name: str, message: str) -> None:
         """Set ``PodScheduled=False, reason=Unschedulable`` (what autoscalers look for)."""
         condition = {
@@ -400,15 +406,7 @@ class Writer:
             "lastTransitionTime": now_rfc3339(),
             "lastProbeTime": None,
         }
-        body = {"status": {"conditions": [condition]}}
-        await self._retry(
-            lambda: self._request(
-                "PATCH",
-                POD.object_path(namespace, name, "status"),
-                body=body,
-                content_type=STRATEGIC_MERGE_PATCH,
-            )
-        )
+        await self._patch_pod_condition(namespace, name, condition)
 
     # ------------------------------------------------------------------ status of CRDs
 

@@ -678,108 +678,95 @@ def _greedy_choice(
     useful = [i for i in actions if units[i].nodes & accepting]
     scale = sum(units[i].work(now) for i in useful) + 1
     cost = {i: _cost(units[i], now, ranks, scale) for i in useful}
+
+    def in_order(order: Sequence[int]) -> _Choice | None:
+        """The greedy for one order of the units."""
+        budgets = [
+            (b.key, set(b.pod_uids), b.allowed - pdb_used.get(b.key, 0)) for b in snapshot.budgets
+        ]
+        tree = snapshot.queue_tree
+        taken_from: Counter[tuple[str, str]] = Counter()
+        spent: Counter[str] = Counter()
+        gone: list[int] = []
+        tries = 0
+        need = _Need(g, state, accepting)
+
+        def fits() -> bool:
+            nonlocal tries
+            tries += 1
+            result = place_gangs(state, [g], extras=False)
+            for a in reversed(result.assignments):
+                state.release(a.pod_uid)
+            return g.key in result.placed
+
+        def take(i: int) -> None:
+            for p in units[i].pods:
+                state.release(p.uid)
+            gone.append(i)
+            need.changed(units[i].nodes)
+
+        def give_back(i: int) -> None:
+            for p in units[i].pods:
+                state.restore_bound(p)
+            gone.remove(i)
+            need.changed(units[i].nodes)
+
+        if not need.reachable([units[i] for i in order]):
+            return None
+        whole_gone: set[str] = set()
+        shrunk: set[str] = set()
+        sides: dict[str, str] = {}
+        try:
+            found = False
+            for i in order:
+                if tries >= MAX_GREEDY_TRIES:
+                    break
+                u = units[i]
+                if u.gang in whole_gone or (u.whole and u.gang in shrunk):
+                    continue  # a gang is taken whole or shrunk, never both
+                counts = [
+                    (key, sum(1 for p in u.pods if p.uid in covered), allowed)
+                    for key, covered, allowed in budgets
+                ]
+                if any(n and spent[key] + n > allowed for key, n, allowed in counts):
+                    continue
+                branch = sides.get(u.queue, "")
+                if u.queue != g.queue and u.queue not in sides:
+                    branch = sides[u.queue] = branch_pair(tree, g.queue, u.queue)[1]
+                limits = rooms.get(branch, ())
+                if any(taken_from[branch, r] + u.usage.get(r, 0) > room for r, room in limits):
+                    continue
+                take(i)
+                (whole_gone if u.whole else shrunk).add(u.gang)
+                for key, n, _ in counts:
+                    spent[key] += n
+                for r, _ in limits:
+                    taken_from[branch, r] += u.usage.get(r, 0)
+                if need.possible() and fits():
+                    found = True
+                    break
+            if not found:
+                return None
+            for i in sorted(gone, key=lambda i: -cost[i]):
+                if tries >= 2 * MAX_GREEDY_TRIES:
+                    break
+                give_back(i)
+                if not (need.possible() and fits()):
+                    take(i)
+            return _Choice({i: actions[i] for i in gone}, set())
+        finally:
+            for i in list(reversed(gone)):
+                give_back(i)
+
     best: _Choice | None = None
     # Two orders: cheapest units first (best when little room is needed), and node by node
     # (best when the gang needs whole nodes); the cheaper answer wins.
     cheapest = sorted(useful, key=lambda i: (cost[i], i))[:MAX_GREEDY_UNITS]
     for order in (cheapest, _node_order(useful, units, cost, state, accepting)):
-        found = _greedy_in_order(
-            snapshot, g, units, actions, state, pdb_used, rooms, accepting, order, cost
-        )
+        found = in_order(order)
         if found is not None and (best is None or _total(found, cost) < _total(best, cost)):
             best = found
     return best
-
-
-def _greedy_in_order(
-    snapshot: Snapshot,
-    g: GangRequest,
-    units: Sequence[Unit],
-    actions: Mapping[int, EvictAction],
-    state: ClusterState,
-    pdb_used: Mapping[str, int],
-    rooms: Mapping[str, tuple[tuple[str, int], ...]],
-    accepting: set[str],
-    order: Sequence[int],
-    cost: Mapping[int, int],
-) -> _Choice | None:
-    """:func:`_greedy_choice` for one order of the units."""
-    budgets = [
-        (b.key, set(b.pod_uids), b.allowed - pdb_used.get(b.key, 0)) for b in snapshot.budgets
-    ]
-    tree = snapshot.queue_tree
-    taken_from: Counter[tuple[str, str]] = Counter()
-    spent: Counter[str] = Counter()
-    gone: list[int] = []
-    tries = 0
-    need = _Need(g, state, accepting)
-
-    def fits() -> bool:
-        nonlocal tries
-        tries += 1
-        result = place_gangs(state, [g], extras=False)
-        for a in reversed(result.assignments):
-            state.release(a.pod_uid)
-        return g.key in result.placed
-
-    def take(i: int) -> None:
-        for p in units[i].pods:
-            state.release(p.uid)
-        gone.append(i)
-        need.changed(units[i].nodes)
-
-    def give_back(i: int) -> None:
-        for p in units[i].pods:
-            state.restore_bound(p)
-        gone.remove(i)
-        need.changed(units[i].nodes)
-
-    if not need.reachable([units[i] for i in order]):
-        return None
-    whole_gone: set[str] = set()
-    shrunk: set[str] = set()
-    sides: dict[str, str] = {}
-    try:
-        found = False
-        for i in order:
-            if tries >= MAX_GREEDY_TRIES:
-                break
-            u = units[i]
-            if u.gang in whole_gone or (u.whole and u.gang in shrunk):
-                continue  # a gang is taken whole or shrunk, never both
-            counts = [
-                (key, sum(1 for p in u.pods if p.uid in covered), allowed)
-                for key, covered, allowed in budgets
-            ]
-            if any(n and spent[key] + n > allowed for key, n, allowed in counts):
-                continue
-            branch = sides.get(u.queue, "")
-            if u.queue != g.queue and u.queue not in sides:
-                branch = sides[u.queue] = branch_pair(tree, g.queue, u.queue)[1]
-            limits = rooms.get(branch, ())
-            if any(taken_from[branch, r] + u.usage.get(r, 0) > room for r, room in limits):
-                continue
-            take(i)
-            (whole_gone if u.whole else shrunk).add(u.gang)
-            for key, n, _ in counts:
-                spent[key] += n
-            for r, _ in limits:
-                taken_from[branch, r] += u.usage.get(r, 0)
-            if need.possible() and fits():
-                found = True
-                break
-        if not found:
-            return None
-        for i in sorted(gone, key=lambda i: -cost[i]):
-            if tries >= 2 * MAX_GREEDY_TRIES:
-                break
-            give_back(i)
-            if not (need.possible() and fits()):
-                take(i)
-        return _Choice({i: actions[i] for i in gone}, set())
-    finally:
-        for i in list(reversed(gone)):
-            give_back(i)
 
 
 # --- applying a choice ----------------------------------------------------------------------

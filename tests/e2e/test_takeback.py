@@ -21,6 +21,7 @@ import pytest
 from tests.e2e.scheduler_process import (
     REPO,
     KaiCluster,
+    SchedulerProcess,
     StartScheduler,
     kai_cluster,
     pod_manifest,
@@ -113,21 +114,37 @@ def _setup(cluster: KaiCluster) -> None:
     cluster.cp.kubectl("apply", "-f", str(REPO / "manifests" / "60-priorityclasses.yaml"))
 
 
+def _one_node(
+    cluster: KaiCluster, make_gpu_nodes: Any, **quotas: int
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Priority classes, one 8-GPU node and the queues; -> (node selector, queue names)."""
+    _setup(cluster)
+    tag = run_tag()
+    make_gpu_nodes(1, gpus=8, labels=tag)
+    queues, names = _queues(uuid.uuid4().hex[:6], **quotas)
+    cluster.apply(*queues)
+    return tag, names
+
+
+def _start_app(
+    cluster: KaiCluster, namespace: str, sched: SchedulerProcess, app: dict[str, Any]
+) -> None:
+    """Create a Deployment and wait until all its replicas run."""
+    cluster.create(app, namespace=namespace)
+    name, replicas = app["metadata"]["name"], app["spec"]["replicas"]
+    wait_for(
+        f"{name} runs",
+        lambda: _by_app(cluster.pods(namespace))[name]["running"] == replicas,
+        logs=sched,
+    )
+
+
 def test_inference_preempts_train_in_the_same_queue(
     kai_cluster: KaiCluster, start_scheduler: StartScheduler, namespace: str, make_gpu_nodes: Any
 ) -> None:
-    _setup(kai_cluster)
-    tag = run_tag()
-    make_gpu_nodes(1, gpus=8, labels=tag)
-    queues, names = _queues(uuid.uuid4().hex[:6], team=8)
-    kai_cluster.apply(*queues)
+    tag, names = _one_node(kai_cluster, make_gpu_nodes, team=8)
     sched = start_scheduler()
-    kai_cluster.create(_deployment("train", 8, names["team"], tag), namespace=namespace)
-    wait_for(
-        "train fills the node",
-        lambda: _by_app(kai_cluster.pods(namespace))["train"]["running"] == 8,
-        logs=sched,
-    )
+    _start_app(kai_cluster, namespace, sched, _deployment("train", 8, names["team"], tag))
     kai_cluster.create(
         _deployment("serve", 2, names["team"], tag, priority="inference"), namespace=namespace
     )
@@ -155,18 +172,9 @@ def test_inference_preempts_train_in_the_same_queue(
 def test_two_queues_reclaim_to_fair_share_and_stop(
     kai_cluster: KaiCluster, start_scheduler: StartScheduler, namespace: str, make_gpu_nodes: Any
 ) -> None:
-    _setup(kai_cluster)
-    tag = run_tag()
-    make_gpu_nodes(1, gpus=8, labels=tag)
-    queues, names = _queues(uuid.uuid4().hex[:6], a=4, b=4)
-    kai_cluster.apply(*queues)
+    tag, names = _one_node(kai_cluster, make_gpu_nodes, a=4, b=4)
     sched = start_scheduler()
-    kai_cluster.create(_deployment("a", 8, names["a"], tag), namespace=namespace)
-    wait_for(
-        "queue a borrows b's idle quota",
-        lambda: _by_app(kai_cluster.pods(namespace))["a"]["running"] == 8,
-        logs=sched,
-    )
+    _start_app(kai_cluster, namespace, sched, _deployment("a", 8, names["a"], tag))  # borrows
     kai_cluster.create(_deployment("b", 4, names["b"], tag), namespace=namespace)
 
     def fair() -> dict[str, dict[str, int]] | None:
@@ -188,18 +196,9 @@ def test_two_queues_reclaim_to_fair_share_and_stop(
 def test_disruption_budget_steers_reclaim_to_another_victim(
     kai_cluster: KaiCluster, start_scheduler: StartScheduler, namespace: str, make_gpu_nodes: Any
 ) -> None:
-    _setup(kai_cluster)
-    tag = run_tag()
-    make_gpu_nodes(1, gpus=8, labels=tag)
-    queues, names = _queues(uuid.uuid4().hex[:6], a=4, b=4)
-    kai_cluster.apply(*queues)
+    tag, names = _one_node(kai_cluster, make_gpu_nodes, a=4, b=4)
     sched = start_scheduler()
-    kai_cluster.create(_deployment("open", 4, names["a"], tag), namespace=namespace)
-    wait_for(
-        "open runs",
-        lambda: _by_app(kai_cluster.pods(namespace))["open"]["running"] == 4,
-        logs=sched,
-    )
+    _start_app(kai_cluster, namespace, sched, _deployment("open", 4, names["a"], tag))
     # Started later, so cheaper to evict - but its budget allows no disruption.
     pdb = {
         "apiVersion": "policy/v1",
@@ -207,19 +206,9 @@ def test_disruption_budget_steers_reclaim_to_another_victim(
         "metadata": {"name": "keep"},
         "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "kept"}}},
     }
-    kai_cluster.create(pdb, _deployment("kept", 4, names["a"], tag), namespace=namespace)
-    wait_for(
-        "kept runs",
-        lambda: _by_app(kai_cluster.pods(namespace))["kept"]["running"] == 4,
-        logs=sched,
-    )
-    kai_cluster.create(_deployment("b", 2, names["b"], tag), namespace=namespace)
-    wait_for(
-        "b runs",
-        lambda: _by_app(kai_cluster.pods(namespace))["b"]["running"] == 2,
-        timeout=60,
-        logs=sched,
-    )
+    kai_cluster.create(pdb, namespace=namespace)
+    _start_app(kai_cluster, namespace, sched, _deployment("kept", 4, names["a"], tag))
+    _start_app(kai_cluster, namespace, sched, _deployment("b", 2, names["b"], tag))
     got = _by_app(kai_cluster.pods(namespace))
     assert got["kept"] == {"running": 4, "pending": 0}
     assert got["open"]["running"] == 2
@@ -234,11 +223,7 @@ def test_kill_9_between_eviction_and_bind_loses_nothing(
     evicts for is bound; a new one takes over. In the end the gang is bound once, the
     survivors keep their devices, and no device is granted twice. (Victims cannot be held
     Terminating here: kwok drops finalizers when it deletes a pod.)"""
-    _setup(kai_cluster)
-    tag = run_tag()
-    make_gpu_nodes(1, gpus=8, labels=tag)
-    queues, names = _queues(uuid.uuid4().hex[:6], team=8)
-    kai_cluster.apply(*queues)
+    tag, names = _one_node(kai_cluster, make_gpu_nodes, team=8)
     first = start_scheduler(name="first")
     victims = []
     for i in range(8):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -22,13 +21,12 @@ from scheduler.cache import Cache
 from scheduler.cache.grants import GPU_GRANT_ANNOTATION
 from scheduler.commit import LiveBackend
 from scheduler.cycle import run_cycle
-from scheduler.k8s.client import ClientSettings, make_api_client
 from scheduler.k8s.resources import ResourceKind
 from scheduler.k8s.watch import Watcher, WatchSettings
 from scheduler.k8s.writer import Writer
 from scheduler.solver import PlacementSettings
 from testenv.controlplane import ControlPlane
-from tests.integration.support import REPO, install_crds, kubectl
+from tests.integration.support import kubectl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
@@ -68,17 +66,6 @@ def gpu_pod(name: str, gpus: int = 1) -> str:
             },
         }
     )
-
-
-@pytest.fixture
-async def api(control_plane: ControlPlane) -> AsyncIterator[ApiClient]:
-    install_crds(control_plane)
-    control_plane.kubectl("apply", "-f", str(REPO / "manifests" / "defaults"))
-    client = await make_api_client(ClientSettings(kube_config=str(control_plane.kubeconfig)))
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 async def list_once(api: ApiClient, cache: Cache) -> None:

@@ -31,7 +31,7 @@ from scheduler.metrics import SchedulerMetrics
 from scheduler.solver import PlacementSettings
 from scheduler.solver.placement import EvictAction, Eviction, GangOutcome, Placement, PodAssignment
 from testenv.controlplane import ControlPlane
-from tests.integration.support import REPO, eventually, install_crds, kubectl
+from tests.integration.support import eventually, kubectl
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
@@ -77,17 +77,6 @@ def podgroup(name: str, min_member: int) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {"minMember": min_member, "queue": "default-queue"},
     }
-
-
-@pytest.fixture
-async def api(control_plane: ControlPlane) -> AsyncIterator[ApiClient]:
-    install_crds(control_plane)
-    control_plane.kubectl("apply", "-f", str(REPO / "manifests" / "defaults"))
-    client = await make_api_client(ClientSettings(kube_config=str(control_plane.kubeconfig)))
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 async def create(cp: ControlPlane, namespace: str, *objs: dict[str, Any]) -> None:
