@@ -1,4 +1,4 @@
-"""The ``kai-scheduler`` command: ``run`` (the default) and ``simulate``.
+"""The ``kai-scheduler`` command: ``run`` (the default), ``simulate`` and ``podgrouper``.
 
 ``run`` flags follow the upstream scheduler's, so this Deployment snippet works unchanged::
 
@@ -34,7 +34,7 @@ from scheduler.logs import LOG_FORMATS, LOG_LEVELS, setup_logging
 
 __all__ = ["build_parser", "main", "parse_bool", "settings_from_args"]
 
-_SUBCOMMANDS = ("run", "simulate")
+_SUBCOMMANDS = ("run", "simulate", "podgrouper")
 
 
 def parse_bool(text: str | bool) -> bool:
@@ -71,8 +71,10 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--scheduler-name",
+        action="append",
         default=None,
-        help="serve pods with this spec.schedulerName (default kai-scheduler)",
+        help="serve pods with this spec.schedulerName (default kai-scheduler); repeat it or "
+        "separate names by commas to serve several, e.g. kai-scheduler and volcano",
     )
     p.add_argument(
         "--config",
@@ -113,8 +115,11 @@ def build_parser(with_simulate: bool = True) -> argparse.ArgumentParser:
         description="Kubernetes scheduler for AI/ML workloads (gangs, queues, GPU packing).",
     )
     parser.add_argument("--version", action="version", version=f"kai-scheduler {__version__}")
-    subs = parser.add_subparsers(dest="command", metavar="{run,simulate}")
+    subs = parser.add_subparsers(dest="command", metavar="{run,simulate,podgrouper}")
     _add_run_flags(subs.add_parser("run", help="run the scheduler against a cluster (default)"))
+    from scheduler.podgrouper import cli as podgrouper_cli
+
+    podgrouper_cli.add_parser(subs)
     module = _simulate_module() if with_simulate else None
     if module is not None:
         module.add_parser(subs)
@@ -153,9 +158,11 @@ def settings_from_args(
         )
     config = load_config(args.config, base)
     if args.scheduler_name is not None:
-        if not args.scheduler_name.strip():
+        names = [n.strip() for given in args.scheduler_name for n in given.split(",")]
+        if not all(names):
             raise ConfigError("--scheduler-name", "must not be empty")
-        config = replace(config, scheduler_name=args.scheduler_name.strip())
+        served = tuple(dict.fromkeys(names))
+        config = replace(config, scheduler_name=served[0], scheduler_names=served)
     server = args.kube_api_server
     if server is not None and not server.startswith(("https://", "http://")):
         raise ConfigError(
@@ -182,6 +189,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "simulate-missing":
         print("kai-scheduler: the simulator (scheduler.simulate) is not installed", file=sys.stderr)
         return 2
+    if args.command == "podgrouper":
+        from scheduler.podgrouper import cli as podgrouper_cli
+
+        return podgrouper_cli.run(args)
     if args.command != "run":
         module = _simulate_module()
         assert module is not None

@@ -4,6 +4,7 @@ Settings are dataclasses grouped by concern. The config file uses the camelCase 
 shipped ConfigMap (``manifests/30-configmap.yaml``)::
 
     placement: {gpu: binpack, cpu: spread}
+    schedulerNames: [kai-scheduler, volcano]   # or schedulerName: kai-scheduler
     cyclePeriod: 1s
     solverTimeLimit: 0.5s
     defaultQueue: default-queue
@@ -67,8 +68,12 @@ class LeaderElectionSettings:
 class SchedulerConfig:
     """Everything the config file can set, with the defaults of the shipped ConfigMap."""
 
-    #: Pods with this spec.schedulerName are ours.
+    #: Pods with this spec.schedulerName are ours; also the name Events are reported by.
     scheduler_name: str = "kai-scheduler"
+    #: More names whose pods are ours too (``schedulerNames``, ``--scheduler-name`` given more
+    #: than once), e.g. ``volcano`` to take over from Volcano's scheduler without editing
+    #: jobs. See :attr:`scheduler_names_served`.
+    scheduler_names: tuple[str, ...] = ()
     #: GPU/CPU binpack|spread, solver time limit and workers.
     placement: PlacementSettings = field(default_factory=PlacementSettings)
     #: Seconds between cycles when nothing new arrives.
@@ -89,8 +94,16 @@ class SchedulerConfig:
     #: Seconds a gang held on its nodes (nominated) waits for the pods evicted for it to
     #: terminate before the hold is dropped and the gang is planned again.
     nomination_timeout: float = 120.0
+    #: A pod grouper runs (``kai-scheduler podgrouper``): pending pods that name no PodGroup
+    #: wait for it instead of being scheduled alone (the shipped manifests turn this on).
+    pod_grouper: bool = False
     #: Leader election timing.
     leader_election: LeaderElectionSettings = field(default_factory=LeaderElectionSettings)
+
+    @property
+    def scheduler_names_served(self) -> tuple[str, ...]:
+        """Every spec.schedulerName served: :attr:`scheduler_name` first, then the others."""
+        return tuple(dict.fromkeys((self.scheduler_name, *self.scheduler_names)))
 
 
 @dataclass(frozen=True)
@@ -131,6 +144,12 @@ def _bool(raw: Any, key: str) -> bool:
     if not isinstance(raw, bool):
         raise ConfigError(key, f"{raw!r} must be true or false")
     return raw
+
+
+def _names(raw: Any, key: str) -> tuple[str, ...]:
+    if isinstance(raw, str) or not isinstance(raw, list) or not raw:
+        raise ConfigError(key, f"{raw!r} must be a non-empty list of scheduler names")
+    return tuple(dict.fromkeys(_string(v, f"{key}[{i}]") for i, v in enumerate(raw)))
 
 
 def _mapping(raw: Any, key: str) -> Mapping[str, Any]:
@@ -218,6 +237,7 @@ def parse_config(data: Any, base: SchedulerConfig | None = None) -> SchedulerCon
     top = _mapping(data, "config")
     simple: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
         "schedulerName": ("scheduler_name", _string),
+        "schedulerNames": ("scheduler_names", _names),
         "cyclePeriod": ("cycle_period", _duration),
         "debounce": ("debounce", lambda v, k: _duration(v, k, positive=False)),
         "defaultQueue": ("default_queue", _string),
@@ -229,6 +249,7 @@ def parse_config(data: Any, base: SchedulerConfig | None = None) -> SchedulerCon
         "maxRequestsInFlight": ("max_requests_in_flight", lambda v, k: _int(v, k, 1)),
         "eventInterval": ("event_interval", lambda v, k: _duration(v, k, positive=False)),
         "nominationTimeout": ("nomination_timeout", _duration),
+        "podGrouper": ("pod_grouper", _bool),
     }
     nested = ("placement", "solverTimeLimit", "leaderElection")
     _check_keys(top, {**simple, **dict.fromkeys(nested)}, "")
@@ -237,6 +258,10 @@ def parse_config(data: Any, base: SchedulerConfig | None = None) -> SchedulerCon
         if key in simple:
             attr, parse = simple[key]
             changes[attr] = parse(value, key)
+    if "schedulerNames" in top:
+        if "schedulerName" in top:
+            raise ConfigError("schedulerNames", "give schedulerName or schedulerNames, not both")
+        changes["scheduler_name"] = changes["scheduler_names"][0]
     placement = cfg.placement
     if "placement" in top:
         placement = _placement(top["placement"], placement)

@@ -3,7 +3,9 @@
 Tasks (each guarded: if one ends unexpectedly it is logged and the process stops with exit
 code 1 rather than limping on):
 
-- the :class:`~scheduler.k8s.watch.Watcher` keeping the :class:`~scheduler.cache.Cache` current;
+- the :class:`~scheduler.k8s.watch.Watcher` keeping the :class:`~scheduler.cache.Cache` current
+  (KAI's kinds and, when their CRDs are installed, Volcano's Queue and PodGroup, whose status
+  and enqueue step :class:`~scheduler.commit.volcano.VolcanoStatus` writes);
 - the :class:`~scheduler.k8s.lease.LeaderElector` when ``--leader-elect`` is on;
 - the cycle loop: a cycle every ``cyclePeriod``, or sooner when the cache reports new pending
   work or freed capacity, e.g. an evicted pod gone, which lets a gang waiting for it be bound
@@ -37,12 +39,14 @@ from scheduler.cluster import CPU, GPU, PODS, GpuRequest, Node, Pod, Queue, Reso
 from scheduler.cluster.gang import Gang
 from scheduler.cluster.queuespec import SpecError, parse_duration
 from scheduler.commit import LiveBackend
+from scheduler.commit.volcano import VolcanoStatus
 from scheduler.config import SchedulerConfig, ServiceSettings
 from scheduler.cycle import run_cycle
 from scheduler.health import HealthServer, HealthState
 from scheduler.k8s.client import ClientSettings, make_api_client
 from scheduler.k8s.errors import ClientConfigError
 from scheduler.k8s.lease import LeaderElector
+from scheduler.k8s.resources import VOLCANO_KINDS, WATCHED_KINDS
 from scheduler.k8s.watch import Watcher
 from scheduler.k8s.writer import EventLimiter, Writer
 from scheduler.metrics import SchedulerMetrics
@@ -78,7 +82,12 @@ class Scheduler:
         self.cycles = 0
         self.elector: LeaderElector | None = None
         self.backend: LiveBackend | None = None
-        self.cache = Cache(config.scheduler_name, config.default_queue)
+        self.cache = Cache(
+            config.scheduler_names_served,
+            config.default_queue,
+            wait_for_pod_grouper=config.pod_grouper,
+        )
+        self.volcano: VolcanoStatus | None = None
         self.lost_leadership = False
         #: Seconds a gang held on its nodes waits for the pods evicted for it to terminate.
         self.nomination_timeout = config.nomination_timeout
@@ -139,6 +148,7 @@ class Scheduler:
         watcher = Watcher(
             api,
             self.cache,
+            (*WATCHED_KINDS, *VOLCANO_KINDS),
             on_restart=lambda kind: self.metrics.watch_restarts.labels(kind=kind).inc(),
         )
         writer = Writer(
@@ -165,6 +175,7 @@ class Scheduler:
             nomination_timeout=self.nomination_timeout,
         )
         self.backend = backend
+        self.volcano = VolcanoStatus(self.cache, writer)
         tasks: dict[str, asyncio.Task[Any]] = {
             "watch": asyncio.create_task(watcher.run(), name="watch"),
             "cycle": asyncio.create_task(self._cycle_loop(watcher, backend), name="cycle"),
@@ -269,6 +280,8 @@ class Scheduler:
             if self.is_leader():
                 self.cache.pending_changed.clear()
                 self.cycles += 1
+                # The backend makes a new status publisher when leadership changes hands.
+                backend.status.volcano = self.volcano
                 try:
                     report = await run_cycle(backend, self.config.placement, self.cycles)
                 except Exception:
@@ -340,7 +353,7 @@ async def run(config: SchedulerConfig, client: ClientSettings, service: ServiceS
     scheduler = Scheduler(config, client, service)
     log.info(
         "starting",
-        scheduler_name=config.scheduler_name,
+        scheduler_names=list(config.scheduler_names_served),
         leader_elect=service.leader_elect,
         identity=service.identity,
         cycle_period=config.cycle_period,

@@ -4,7 +4,8 @@
 # into .cache/testenv-bin/<key>/, where <key> hashes testenv/versions.env and the
 # testenv/gobuild module files. Skips work when every binary is
 # already there. A cold build on 2 cores took ~8 minutes plus module downloads (kubernetes
-# dominates; see testenv/README.md);
+# dominates; see testenv/README.md); then testenv/build_controllers.sh (Volcano's job controller
+# and the LeaderWorkerSet controller for the e2e tests, ~7 more minutes cold; own cache keys);
 # Go's module and build caches make later rebuilds much faster.
 set -euo pipefail
 
@@ -59,6 +60,7 @@ done
 if [[ ${#missing[@]} -eq 0 ]]; then
     link_current
     log "all binaries present in .cache/testenv-bin/$key (current); nothing to build"
+    "$here/build_controllers.sh"  # Volcano and LWS for the e2e tests; their own cache key
     exit 0
 fi
 
@@ -123,3 +125,6 @@ for b in "${binaries[@]}"; do
 done
 link_current
 log "done: .cache/testenv-bin/current -> $key"
+# Volcano's job controller and the LeaderWorkerSet controller for the e2e tests (their own
+# keys and folders under .cache/testenv-bin/controllers/; see testenv/build_controllers.sh).
+"$here/build_controllers.sh"

@@ -18,6 +18,9 @@ from testenv import nodes
 from testenv.controlplane import ControlPlane
 
 __all__ = ["control_plane", "make_gpu_nodes", "namespace"]
+# Volcano's controller-manager and the LeaderWorkerSet controller (volcano_controller,
+# lws_controller): see testenv/controllers_plugin.py.
+pytest_plugins = ["testenv.controllers_plugin"]
 
 _active: list[ControlPlane] = []
 _started: list[ControlPlane] = []

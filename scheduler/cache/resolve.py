@@ -4,13 +4,18 @@ Rules (the contract every stage shares):
 
 - A pod names its gang with the annotation ``pod-group-name`` (KAI) or
   ``scheduling.k8s.io/group-name`` (Volcano); with neither it is an implicit gang of one,
-  ``Gang(namespace, <pod name>, min_member=1, implicit=True)``.
+  ``Gang(namespace, <pod name>, min_member=1, implicit=True)``. The PodGroup it joins is a KAI
+  (``scheduling.run.ai``) or a Volcano (``scheduling.volcano.sh``) one: the cache hands over
+  one object per name (KAI's when both exist), and its ``apiVersion`` decides how it is read
+  (:mod:`scheduler.cache.volcano` for Volcano's).
 - Queue: the PodGroup's ``spec.queue``, else the ``kai.scheduler/queue`` label (of the pod, or
-  for a PodGroup of its oldest labelled member), else the configured default queue.
+  for a PodGroup of its oldest labelled member), else the configured default queue. A Volcano
+  PodGroup without ``spec.queue`` is in Volcano's queue ``default``, whatever its pods say.
 - Priority: the PodGroup's ``priorityClassName`` when set (members take it too), else the
-  highest member priority.
+  highest member priority. (A Volcano PodGroup naming an unknown class counts as naming none.)
 - Preemptible: the PodGroup's ``spec.preemptibility``, else its label
   ``kai.scheduler/preemptibility`` (for an implicit gang: the pod's label), else priority < 100.
+  A Volcano PodGroup: ``volcano.sh/preemptable``, else that label, else preemptible.
 - Preemption delay: the PodGroup's ``spec.preemptionDelay``, else its annotation
   ``kai.scheduler/preemption-delay`` (for an implicit gang: the pod's annotation), else 0.
 - May preempt: only if no member says ``spec.preemptionPolicy: Never``.
@@ -43,11 +48,12 @@ from typing import Any
 
 from scheduler.cache.grants import GpuGrant
 from scheduler.cache.problems import Problem
+from scheduler.cache.volcano import is_volcano, volcano_gang_from_k8s
 from scheduler.cluster.gang import Gang
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.podspec import BUILD_PRIORITY, GangHints
 from scheduler.cluster.queuespec import SpecError, gang_from_k8s, preemptibility_of
-from scheduler.k8s.resources import POD, PODGROUP
+from scheduler.k8s.resources import POD, PODGROUP, VOLCANO_PODGROUP
 
 __all__ = ["BUILD_PRIORITY", "PodRecord", "Resolution", "Resolver", "resolve"]
 
@@ -95,7 +101,7 @@ def _podgroup_problem(raw: Mapping[str, Any], error: SpecError) -> Problem:
         field=error.field,
         message=error.message,
         uid=meta.get("uid", ""),
-        api_version=PODGROUP.api_version,
+        api_version=str(raw.get("apiVersion") or PODGROUP.api_version),
     )
 
 
@@ -350,9 +356,12 @@ class Resolver:
             return hit[1]
         parsed: Gang | SpecError
         try:
-            parsed = gang_from_k8s(
-                raw, default_queue=self.default_queue, priorities=self._priorities
-            )
+            if is_volcano(raw):
+                parsed = volcano_gang_from_k8s(raw, priorities=self._priorities)
+            else:
+                parsed = gang_from_k8s(
+                    raw, default_queue=self.default_queue, priorities=self._priorities
+                )
         except SpecError as e:
             parsed = e
         self._gang_memo[key] = (raw, parsed)
@@ -374,7 +383,9 @@ class Resolver:
             if isinstance(parsed, SpecError):
                 self._group_problem[key] = _podgroup_problem(raw, parsed)
             else:
-                gang = _with_members(parsed, raw, members, self.default_queue, may_preempt)
+                gang = _with_members(
+                    parsed, raw, members, self.default_queue, may_preempt, self._priorities
+                )
         if gang is not None:
             self._pg_gang[key] = gang
         else:
@@ -394,8 +405,10 @@ class Resolver:
                 changes: dict[str, Any] = {}
                 if pod.queue != gang.queue:
                     changes["queue"] = gang.queue
-                if (raw or {}).get("spec", {}).get("priorityClassName") and (
-                    pod.priority != gang.priority
+                if (
+                    raw is not None
+                    and _class_priority(raw, self._priorities)
+                    and (pod.priority != gang.priority)
                 ):
                     changes["priority"] = gang.priority
                 self._publish(st, dataclasses.replace(pod, **changes) if changes else pod)
@@ -424,8 +437,9 @@ class Resolver:
         elif not self._podgroup_api:
             message = (
                 f"this pod names PodGroup {rec.group!r}, but the PodGroup CRD "
-                f"({PODGROUP.plural}.{PODGROUP.group}) is not installed; install it "
-                "(kubectl apply -f crds/) or remove the annotation"
+                f"({PODGROUP.plural}.{PODGROUP.group}, or Volcano's "
+                f"{VOLCANO_PODGROUP.plural}.{VOLCANO_PODGROUP.group}) is not installed; "
+                "install one (kubectl apply -f crds/) or remove the annotation"
             )
             reason = "PodGroupNotFound"
         else:
@@ -457,28 +471,39 @@ class Resolver:
         return tuple(out)
 
 
+def _class_priority(raw: Mapping[str, Any], priorities: Mapping[str, int]) -> bool:
+    """True when the PodGroup's own PriorityClass decides its priority (KAI: whenever it
+    names one, an unknown one being an error; Volcano: when the class exists)."""
+    pc = (raw.get("spec") or {}).get("priorityClassName")
+    if not pc:
+        return False
+    return not is_volcano(raw) or pc in priorities
+
+
 def _with_members(
     gang: Gang,
     raw: Mapping[str, Any],
     members: Sequence[Pod],
     default_queue: str,
     may_preempt: bool = True,
+    priorities: Mapping[str, int] | None = None,
 ) -> Gang:
     """A PodGroup's gang completed from its members (oldest first): the queue of the first
-    labelled member when the PodGroup names none, the highest member priority when it names
+    labelled member when a KAI PodGroup names none, the highest member priority when it names
     no PriorityClass, and ``may_preempt`` (False when a member's preemption policy is Never)."""
     spec = raw.get("spec") or {}
+    volcano = is_volcano(raw)
     changes: dict[str, Any] = {}
     if gang.may_preempt != may_preempt:
         changes["may_preempt"] = may_preempt
-    if not spec.get("queue"):
+    if not spec.get("queue") and not volcano:
         labelled = [p.queue for p in members if p.queue != default_queue]
         if labelled:
             changes["queue"] = labelled[0]
-    if not spec.get("priorityClassName") and members:
+    if not _class_priority(raw, priorities or {}) and members:
         priority = max(p.priority for p in members)
         changes["priority"] = priority
-        if not preemptibility_of(raw):
+        if not volcano and not preemptibility_of(raw):
             changes["preemptible"] = priority < BUILD_PRIORITY
     return dataclasses.replace(gang, **changes) if changes else gang
 

@@ -30,6 +30,15 @@ terminate) and pods it just *evicted* are overlaid on the snapshot (see
 
 Bad input never raises: an object the scheduler cannot read is left out of scheduling and
 reported by :meth:`Cache.problems`; a bound pod still occupies its node as far as it can be read.
+
+Volcano (:mod:`scheduler.cache.volcano`): Volcano's Queues and PodGroups are stored beside
+KAI's and translated into the same queues and gangs. Names are shared: a queue is a queue
+whichever API defines it, and a PodGroup ``namespace/name`` is one gang. When both APIs define
+the same name, KAI's object is used and the Volcano one is reported (a Warning Event on it)
+and ignored. While Volcano's Queue API is installed, Volcano's ``root`` and ``default`` queues
+exist even without objects (``default`` below ``root``, weight 1; every Volcano queue without
+a parent hangs below ``root``), as with Volcano's own scheduler. Without Volcano's CRDs
+nothing of this appears.
 """
 
 from __future__ import annotations
@@ -55,6 +64,13 @@ from scheduler.cache.holds import Holds, Nomination
 from scheduler.cache.nodespec import node_from_k8s
 from scheduler.cache.problems import Problem
 from scheduler.cache.resolve import PodRecord, Resolution, Resolver
+from scheduler.cache.volcano import DEFAULT_QUEUE as VOLCANO_DEFAULT_QUEUE
+from scheduler.cache.volcano import (
+    PREEMPTABLE_KEY,
+    default_queue,
+    root_queue,
+    volcano_queue_from_k8s,
+)
 from scheduler.cluster.node import Node
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.podspec import (
@@ -69,7 +85,16 @@ from scheduler.cluster.podspec import (
 from scheduler.cluster.queue import Queue
 from scheduler.cluster.queuespec import SpecError, queue_from_k8s
 from scheduler.cluster.snapshot import Snapshot
-from scheduler.k8s.resources import KINDS, WATCHED_KINDS
+from scheduler.k8s.resources import (
+    CLUSTER_SCOPED_KINDS,
+    KINDS,
+    PODGROUP,
+    QUEUE,
+    VOLCANO_KINDS,
+    VOLCANO_PODGROUP,
+    VOLCANO_QUEUE,
+    WATCHED_KINDS,
+)
 
 __all__ = ["DEFAULT_ASSUME_TTL", "EVENT_TYPES", "Cache"]
 
@@ -131,33 +156,54 @@ def _slim_pod(obj: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+#: Label that takes a pod out of the pod grouper's hands (and out of waiting for it).
+SKIP_POD_GROUPER = "kai.scheduler/skip-podgrouper"
+
+
 class Cache:
     """Watch events in, :class:`Snapshot` out (see the module docstring).
 
-    ``scheduler_name`` decides which pods are ``managed``; ``default_queue`` is the queue of
-    pods and PodGroups that name none; ``clock`` gives wall-clock seconds (tests pass a fake).
+    ``scheduler_name`` (one name, or several) decides which pods are ``managed``: those whose
+    ``spec.schedulerName`` is one of them; ``default_queue`` is the queue of pods and KAI
+    PodGroups that name none; ``clock`` gives wall-clock seconds (tests pass a fake).
     Not thread-safe: use it from the event loop only.
     """
 
     def __init__(
         self,
-        scheduler_name: str,
+        scheduler_name: str | Iterable[str],
         default_queue: str = "default-queue",
         clock: Callable[[], float] = time.time,
         *,
         assume_ttl: float = DEFAULT_ASSUME_TTL,
         uncertain_recheck: float = DEFAULT_UNCERTAIN_RECHECK,
+        wait_for_pod_grouper: bool = False,
     ) -> None:
-        self.scheduler_name = scheduler_name
+        names = (scheduler_name,) if isinstance(scheduler_name, str) else tuple(scheduler_name)
+        #: A pod grouper makes every gang: a pending pod that names no PodGroup yet waits for
+        #: it instead of running alone (it would otherwise be bound as a gang of one in the
+        #: moment before the grouper annotates it). ``kai.scheduler/skip-podgrouper: "true"``
+        #: on the pod opts out.
+        self.wait_for_pod_grouper = wait_for_pod_grouper
+        if not names:
+            raise ValueError("at least one scheduler name is needed")
+        #: The first name (what this scheduler calls itself).
+        self.scheduler_name = names[0]
+        #: Every ``spec.schedulerName`` this scheduler serves.
+        self.scheduler_names: frozenset[str] = frozenset(names)
         self.default_queue = default_queue
         self.assume_ttl = assume_ttl
         self.uncertain_recheck = uncertain_recheck
         self._clock = clock
-        self._raw: dict[str, dict[str, dict[str, Any]]] = {k: {} for k in WATCHED_KINDS}
+        self._raw: dict[str, dict[str, dict[str, Any]]] = {
+            k: {} for k in (*WATCHED_KINDS, *VOLCANO_KINDS)
+        }
         self._pods: dict[str, PodRecord] = {}  # by uid
         self._pod_uid: dict[str, str] = {}  # namespace/name -> uid
         self._nodes: dict[str, Node] = {}
         self._queues: dict[str, Queue] = {}
+        #: Volcano's queues, parsed (by name; those shadowed by a KAI queue included).
+        self._volcano_queues: dict[str, Queue] = {}
         self._priorities: dict[str, int] = {}
         self._parse_problems: dict[tuple[str, str], Problem] = {}  # (kind, key), nodes/queues
         self._assumed: dict[str, _Assumption] = {}
@@ -165,6 +211,14 @@ class Cache:
         self._pod_rv: dict[str, int] = {}
         #: Kinds whose API (CRD) is not installed, as the watcher found.
         self._absent: set[str] = set()
+        #: Kinds listed or seen at least once (their API exists unless in ``_absent``).
+        self._seen: set[str] = set()
+        #: Keys of the Volcano PodGroups in use as gangs at the last resolution.
+        self._volcano_gangs: frozenset[str] = frozenset()
+        #: Pods of other schedulers that name a PodGroup: uid -> ``namespace/group``.
+        self._foreign_member: dict[str, str] = {}
+        #: ``namespace/group`` -> how many pods of other schedulers name it.
+        self._foreign_groups: dict[str, int] = {}
         self._generation = 0
         self._resolved: tuple[int, Resolution] | None = None
         #: Nominated and freshly evicted pods (see :mod:`scheduler.cache.holds`).
@@ -212,6 +266,7 @@ class Cache:
         if kind not in self._raw or event_type not in EVENT_TYPES:
             log.warning("cache_event_ignored", kind=kind, event_type=event_type)
             return
+        self._seen.add(kind)
         meta = obj.get("metadata") or {}
         key = _key(meta.get("namespace") or "", meta.get("name") or "")
         try:
@@ -225,6 +280,9 @@ class Cache:
 
     def relisted(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> None:
         """Replace every object of ``kind`` with the result of a fresh list."""
+        if kind in self._raw and kind not in self._seen:
+            self._seen.add(kind)
+            self._changed(wake=False)  # e.g. Volcano's root and default queues appear
         seen: set[str] = set()
         for obj in objs:
             meta = obj.get("metadata") or {}
@@ -248,7 +306,9 @@ class Cache:
             self._upsert_parsed(kind, key, obj, self._nodes, node_from_k8s)
         elif kind == "Queue":
             self._upsert_parsed(kind, key, obj, self._queues, queue_from_k8s)
-        elif kind == "PodGroup":
+        elif kind == VOLCANO_QUEUE.key:
+            self._upsert_parsed(kind, key, obj, self._volcano_queues, volcano_queue_from_k8s)
+        elif kind in ("PodGroup", VOLCANO_PODGROUP.key):
             if old is None or _gang_facts(old) != _gang_facts(obj):
                 self._changed()
         elif kind == "PriorityClass":
@@ -274,6 +334,8 @@ class Cache:
             self._nodes.pop(key, None)
         elif kind == "Queue":
             self._queues.pop(key, None)
+        elif kind == VOLCANO_QUEUE.key:
+            self._volcano_queues.pop(key, None)
         elif kind == "PriorityClass":
             self._priorities.pop(key, None)
         self._changed()
@@ -290,8 +352,9 @@ class Cache:
             value = parse(obj)
         except SpecError as e:
             meta = obj.get("metadata") or {}
+            rk = KINDS[kind]
             problem = Problem(
-                kind, "", key, e.field, e.message, meta.get("uid", ""), KINDS[kind].api_version
+                rk.kind, "", key, e.field, e.message, meta.get("uid", ""), rk.api_version
             )
             if self._parse_problems.get((kind, key)) != problem or key in store:
                 log.warning("object_skipped", kind=kind, name=key, field=e.field, error=e.message)
@@ -313,11 +376,28 @@ class Cache:
         self._assumed.pop(uid, None)
         self._pod_rv.pop(uid, None)
         self._budgets.pod_removed(uid)
+        self._note_foreign(uid, "")
         held = self._holds.forget(uid)
         if self._pods.pop(uid, None) is not None:
             self._changed()
         elif held:
             self._generation += 1
+
+    def _note_foreign(self, uid: str, group: str) -> None:
+        """Count pod ``uid`` as another scheduler's member of ``group`` ("" for none)."""
+        before = self._foreign_member.get(uid, "")
+        if before == group:
+            return
+        if before:
+            left = self._foreign_groups[before] - 1
+            if left:
+                self._foreign_groups[before] = left
+            else:
+                del self._foreign_groups[before]
+            del self._foreign_member[uid]
+        if group:
+            self._foreign_member[uid] = group
+            self._foreign_groups[group] = self._foreign_groups.get(group, 0) + 1
 
     def _upsert_pod(self, key: str, obj: dict[str, Any]) -> bool:
         """Store a pod unless it is older than what we hold; True when stored."""
@@ -348,6 +428,9 @@ class Cache:
                     log.warning(
                         "pod_bound_elsewhere", pod=key, node=pod.node_name, assumed=assumption.node
                     )
+        ours = (obj.get("spec") or {}).get("schedulerName") in self.scheduler_names
+        foreign = record.group and not ours
+        self._note_foreign(uid, f"{record.namespace}/{record.group}" if foreign else "")
         slim = self._raw["Pod"][key] = _slim_pod(obj)
         self._budgets.pod_changed(slim)
         held = self._holds.observe(uid, pod)
@@ -367,7 +450,7 @@ class Cache:
         annotations = meta.get("annotations") or {}
         group_annotation = next((a for a in GANG_ANNOTATIONS if annotations.get(a)), "")
         node_name = spec.get("nodeName") or None
-        managed = spec.get("schedulerName") == self.scheduler_name
+        managed = spec.get("schedulerName") in self.scheduler_names
         problem: Problem | None = None
         pod = None
         grant: GpuGrant = ()
@@ -384,7 +467,7 @@ class Cache:
             # strict: a bad spec is reported for bound pods too.
             pod = pod_from_k8s(
                 obj,
-                scheduler_name=self.scheduler_name,
+                scheduler_name=self.scheduler_names,
                 default_queue=self.default_queue,
                 strict=True,
                 gpu_grant=grant,
@@ -393,6 +476,26 @@ class Cache:
             problem = self._pod_problem(uid, namespace, name, e.field, e.message)
             if node_name:
                 pod = self._bound_fallback(obj, grant)
+        if (
+            self.wait_for_pod_grouper
+            and managed
+            and not node_name
+            and not group_annotation
+            and problem is None
+            and not any(
+                str((meta.get(where) or {}).get(SKIP_POD_GROUPER, "")).lower() == "true"
+                for where in ("labels", "annotations")
+            )
+        ):
+            field = f"metadata.annotations[{GANG_ANNOTATIONS[0]}]"
+            message = (
+                "waiting for the pod grouper (kai-scheduler podgrouper) to make this pod's "
+                f"PodGroup; to schedule it alone, label it {SKIP_POD_GROUPER}=true"
+            )
+            problem = dataclasses.replace(
+                self._pod_problem(uid, namespace, name, field, message), reason="WaitingForPodGroup"
+            )
+            pod = None  # not placed until its gang is known
         return PodRecord(
             uid=uid,
             namespace=namespace,
@@ -413,7 +516,7 @@ class Cache:
         """A bound pod with an unreadable spec: keep the requests we can still compute."""
         pod = pod_from_k8s(
             obj,
-            scheduler_name=self.scheduler_name,
+            scheduler_name=self.scheduler_names,
             default_queue=self.default_queue,
             gpu_grant=grant,
         )
@@ -545,12 +648,18 @@ class Cache:
             return self._resolved[1]
         overlay = self._holds.overlay()
         overlay.update({uid: (a.node, a.grant) for uid, a in self._assumed.items()})
+        podgroups: Mapping[str, Mapping[str, Any]] = self._raw["PodGroup"]
+        volcano = self.volcano_podgroups()
+        if volcano:
+            # One gang per name: KAI's PodGroup wins (see the module docstring).
+            podgroups = {**volcano, **podgroups}
+        self._volcano_gangs = frozenset(volcano)
         resolution = self._resolver.resolve(
             self._pods,
-            self._raw["PodGroup"],
+            podgroups,
             priorities=self._priorities,
             overlay=overlay,
-            podgroup_api="PodGroup" not in self._absent,
+            podgroup_api="PodGroup" not in self._absent or self._api_present(VOLCANO_PODGROUP.key),
         )
         self._resolved = (self._generation, resolution)
         return resolution
@@ -559,20 +668,90 @@ class Cache:
         """An immutable view for one cycle, assumed pods counted as bound."""
         now = self._clock() if now is None else now
         resolution = self._resolve()
-        queues = tuple(self._queues[k] for k in sorted(self._queues))
-        if "Queue" in self._absent:
-            # Without the Queue API there are no quotas to enforce; every queue a gang names
-            # is an implicit leaf with no quota or limit, so pods and gangs still run.
-            names = sorted({g.queue for g in resolution.gangs if g.queue} | {self.default_queue})
-            queues = tuple(Queue(name) for name in names)
+        queues = self._queue_table(resolution)
         return Snapshot(
             nodes=tuple(self._nodes[k] for k in sorted(self._nodes)),
             pods=self._held_pods(resolution),
             gangs=resolution.gangs,
-            queues=queues,
+            queues=tuple(queues[k] for k in sorted(queues)),
             now=now,
             budgets=self._budgets.budgets(self._pod_objects),
         )
+
+    def _api_present(self, kind: str) -> bool:
+        """True when ``kind``'s API was listed (or an object of it seen) and is not absent."""
+        return kind in self._seen and kind not in self._absent
+
+    def _queue_table(self, resolution: Resolution) -> dict[str, Queue]:
+        """Every queue of the snapshot by name: KAI's, Volcano's not shadowed by KAI's,
+        Volcano's ``root``/``default`` while its Queue API is installed, and an implicit open
+        leaf for each queue a gang names whose API is not installed (no quotas to enforce
+        then, so pods and gangs still run)."""
+        queues = dict(self._queues)
+        for name, queue in self._volcano_queues.items():
+            if name not in self._raw["Queue"]:
+                queues.setdefault(name, queue)
+        volcano_api = self._api_present(VOLCANO_QUEUE.key)
+        if volcano_api:
+            queues.setdefault(root_queue().name, root_queue())
+            queues.setdefault(VOLCANO_DEFAULT_QUEUE, default_queue())
+        implicit: set[str] = set()
+        if "Queue" in self._absent:
+            implicit |= {g.queue for g in resolution.gangs if g.queue} | {self.default_queue}
+        elif not volcano_api and self._volcano_gangs:
+            implicit |= {g.queue for g in resolution.gangs if g.key in self._volcano_gangs}
+        for name in implicit:
+            queues.setdefault(name, Queue(name))
+        return queues
+
+    # --- Volcano (for the status step, scheduler.commit.volcano) -------------------------
+
+    def volcano_podgroups(self) -> dict[str, dict[str, Any]]:
+        """Volcano PodGroups in use as gangs (not shadowed by a KAI PodGroup), by
+        ``namespace/name``. Do not modify the objects."""
+        kai = self._raw["PodGroup"]
+        return {k: v for k, v in self._raw[VOLCANO_PODGROUP.key].items() if k not in kai}
+
+    def volcano_queues(self) -> dict[str, dict[str, Any]]:
+        """Volcano Queue objects in use (not shadowed by a KAI Queue), by name."""
+        kai = self._raw["Queue"]
+        return {k: v for k, v in self._raw[VOLCANO_QUEUE.key].items() if k not in kai}
+
+    def foreign_podgroups(self) -> frozenset[str]:
+        """PodGroups (``namespace/name``) that pods of other schedulers name."""
+        return frozenset(self._foreign_groups)
+
+    def volcano_queue_api(self) -> bool:
+        """True while Volcano's Queue API is installed (its queues are in use)."""
+        return self._api_present(VOLCANO_QUEUE.key)
+
+    def kai_queue_names(self) -> frozenset[str]:
+        """Names of the KAI (``scheduling.run.ai``) Queue objects."""
+        return frozenset(self._raw["Queue"])
+
+    def _shadowed(self) -> list[Problem]:
+        """Volcano objects ignored because KAI's object of the same name is used."""
+        out = []
+        for kind, kai in ((VOLCANO_QUEUE, QUEUE), (VOLCANO_PODGROUP, PODGROUP)):
+            for key, obj in self._raw[kind.key].items():
+                if key not in self._raw[kai.key]:
+                    continue
+                meta = obj.get("metadata") or {}
+                out.append(
+                    Problem(
+                        kind.kind,
+                        meta.get("namespace") or "",
+                        meta.get("name") or "",
+                        "metadata.name",
+                        f"a {kai.kind} {key} of {kai.api_version} exists as well and is used "
+                        f"instead of this {kind.api_version} one (a name means one "
+                        f"{kind.kind}); rename one of them",
+                        meta.get("uid", ""),
+                        kind.api_version,
+                        reason="NameConflict",
+                    )
+                )
+        return out
 
     def _pod_objects(self) -> Iterable[dict[str, Any]]:
         return self._raw["Pod"].values()
@@ -596,7 +775,7 @@ class Cache:
         """Everything currently skipped and why: unreadable pods, nodes, queues, PodGroups,
         and pending pods whose PodGroup is missing or invalid."""
         parse = [self._parse_problems[k] for k in sorted(self._parse_problems)]
-        return parse + list(self._resolve().problems)
+        return parse + self._shadowed() + list(self._resolve().problems)
 
     def raw(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         """The latest API object (JSON form, without managedFields), or None if unknown.
@@ -606,7 +785,7 @@ class Cache:
         store = self._raw.get(kind)
         if store is None:
             return None
-        if kind in ("Node", "Queue", "PriorityClass"):
+        if kind in CLUSTER_SCOPED_KINDS:
             return store.get(name)
         return store.get(_key(namespace, name))
 
@@ -634,11 +813,16 @@ def _may_free_or_add_work(old: PodRecord | None, new: PodRecord) -> bool:
 
 
 def _gang_facts(obj: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What of a PodGroup affects scheduling (status writes by us do not)."""
+    """What of a PodGroup (KAI's or Volcano's) affects scheduling (status writes by us do
+    not)."""
     meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
     return (
         obj.get("spec"),
         meta.get("creationTimestamp"),
-        (meta.get("labels") or {}).get(PREEMPTIBILITY_LABEL),
-        (meta.get("annotations") or {}).get(PREEMPTION_DELAY_ANNOTATION),
+        labels.get(PREEMPTIBILITY_LABEL),
+        annotations.get(PREEMPTION_DELAY_ANNOTATION),
+        labels.get(PREEMPTABLE_KEY),
+        annotations.get(PREEMPTABLE_KEY),
     )

@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -45,6 +45,7 @@ __all__ = [
     "PREEMPTIBILITY_VALUES",
     "PREEMPTION_DELAY_ANNOTATION",
     "QUEUE_LABEL",
+    "VOLCANO_QUEUE_ANNOTATION",
     "GangHints",
     "PodSpecError",
     "duration_seconds",
@@ -60,6 +61,8 @@ GPU_MEMORY_ANNOTATION = "gpu-memory"
 #: KAI's own annotation first, then the Volcano / scheduler-plugins convention.
 GANG_ANNOTATIONS = ("pod-group-name", "scheduling.k8s.io/group-name")
 QUEUE_LABEL = "kai.scheduler/queue"
+#: Volcano's pod annotation naming a queue (read after ``kai.scheduler/queue``).
+VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
 #: KAI's rule: without an explicit choice, work below the "build" priority is preemptible.
 BUILD_PRIORITY = 100
 #: Label (on a PodGroup, or on the pod of an implicit gang) choosing preemptibility.
@@ -354,7 +357,7 @@ def gang_hints(obj: Mapping[str, Any], *, strict: bool = True) -> GangHints:
 def pod_from_k8s(
     obj: Mapping[str, Any],
     *,
-    scheduler_name: str,
+    scheduler_name: str | Collection[str],
     default_queue: str,
     strict: bool = False,
     gpu_grant: tuple[tuple[int, int], ...] = (),
@@ -365,9 +368,13 @@ def pod_from_k8s(
     ``strict``, as it occupies its node whatever we can read; ``gpu_grant`` is the device
     grant the caller read from the pod's annotation.
 
+    The pod is ``managed`` when its ``spec.schedulerName`` is ``scheduler_name`` (or one of
+    them, when several are given).
+
     ``gang`` is ``namespace/podgroup`` when the pod names a PodGroup, else ``namespace/pod``
-    (an implicit gang of one). ``queue`` is the label ``kai.scheduler/queue`` or the default;
-    a PodGroup's ``spec.queue`` overrides it later, when gangs are resolved. A managed pod
+    (an implicit gang of one). ``queue`` is the label ``kai.scheduler/queue``, else Volcano's
+    annotation ``scheduling.volcano.sh/queue-name``, else the default; a PodGroup's
+    ``spec.queue`` overrides it later, when gangs are resolved. A managed pod
     without a PodGroup is checked with :func:`gang_hints` (same rule for bound pods as above).
     ``start_time`` is ``status.startTime``, else the bind time (``PodScheduled=True``'s
     ``lastTransitionTime``), else 0.
@@ -379,7 +386,8 @@ def pod_from_k8s(
     labels = meta.get("labels") or {}
     namespace, name = meta.get("namespace", ""), meta.get("name", "")
     node_name = spec.get("nodeName") or None
-    managed = spec.get("schedulerName") == scheduler_name
+    names = (scheduler_name,) if isinstance(scheduler_name, str) else scheduler_name
+    managed = spec.get("schedulerName") in names
     try:
         requests = effective_requests(spec)
         gpu = _gpu_request(annotations, requests)
@@ -409,7 +417,7 @@ def pod_from_k8s(
         affinity=affinity,
         tolerations=tolerations,
         gang=f"{namespace}/{group or name}",
-        queue=labels.get(QUEUE_LABEL) or default_queue,
+        queue=labels.get(QUEUE_LABEL) or annotations.get(VOLCANO_QUEUE_ANNOTATION) or default_queue,
         phase=phase,
         node_name=node_name,
         gpu_grant=gpu_grant,

@@ -62,6 +62,10 @@ class Queue:
     #: Seconds a gang of this queue must have run before another queue may reclaim it
     #: (``spec.reclaimMinRuntime``); None inherits from the parent.
     reclaim_min_runtime: float | None = None
+    #: False: no other queue may reclaim from this queue or anything below it (Volcano's
+    #: ``spec.reclaimable``; KAI queues are always reclaimable). Preemption inside the queue
+    #: and consolidation are not affected.
+    reclaimable: bool = True
 
     def resource(self, name: str) -> QueueResource:
         """The settings of one resource (defaults when not given)."""

@@ -10,6 +10,10 @@
 - A Queue gets ``allocated``, ``requested`` and ``fairShare`` per resource in the CRD's units.
 - An object the cache could not read (:class:`scheduler.cache.problems.Problem`) gets a
   Warning Event naming the field and the fix.
+- Volcano's PodGroups and Queues (and queues that are no KAI Queue object) get Volcano's
+  status instead, from :attr:`StatusPublisher.volcano` (:mod:`scheduler.commit.volcano`,
+  which also enqueues Volcano PodGroups); without it every gang and queue is written as
+  KAI's.
 
 Writes happen only when something changed since the last write by this replica, so a steady
 cluster costs no API calls.
@@ -20,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Awaitable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -38,6 +42,9 @@ from scheduler.k8s.resources import PODGROUP, QUEUE
 from scheduler.k8s.writer import ObjectRef, Writer, now_rfc3339
 from scheduler.metrics import queue_units
 from scheduler.solver.placement import GangOutcome, PodAssignment
+
+if TYPE_CHECKING:
+    from scheduler.commit.volcano import VolcanoStatus
 
 __all__ = [
     "StatusPublisher",
@@ -214,8 +221,12 @@ def _stamped(body: dict[str, Any]) -> dict[str, Any]:
 class StatusPublisher:
     """Writes what users see; remembers what it wrote to skip unchanged writes."""
 
-    def __init__(self, writer: Writer, *, concurrency: int = 16) -> None:
+    def __init__(
+        self, writer: Writer, *, concurrency: int = 16, volcano: VolcanoStatus | None = None
+    ) -> None:
         self.writer = writer
+        #: Writes the Volcano side (set by the runner when it watches Volcano's API).
+        self.volcano = volcano
         self._slots = asyncio.Semaphore(concurrency)
         self._pod_message: dict[str, str] = {}
         self._podgroup: dict[str, dict[str, Any]] = {}
@@ -244,9 +255,14 @@ class StatusPublisher:
         """Write every change of this cycle (errors are logged, never raised). ``waiting``:
         gang key -> what a nominated gang waits for."""
         calls: list[Awaitable[None]] = []
+        volcano_gangs: frozenset[str] = frozenset()
+        volcano_queues: frozenset[str] = frozenset()
+        if self.volcano is not None:
+            volcano_gangs, volcano_queues = self.volcano.owned(snapshot)
+            calls.append(self.volcano.publish(snapshot, outcomes, report))
         calls += self._pods(snapshot, outcomes, commits)
-        calls += self._podgroups(snapshot, outcomes, waiting or {})
-        calls += self._queues(snapshot, report)
+        calls += self._podgroups(snapshot, outcomes, waiting or {}, volcano_gangs)
+        calls += self._queues(snapshot, report, volcano_queues)
         reported = list(problems)
         reported += node_label_problems(snapshot, reported)
         calls += [self._problem(p) for p in reported]
@@ -311,12 +327,13 @@ class StatusPublisher:
         snapshot: Snapshot,
         outcomes: Mapping[str, GangOutcome],
         waiting: Mapping[str, str],
+        skip: frozenset[str] = frozenset(),
     ) -> list[Awaitable[None]]:
         calls: list[Awaitable[None]] = []
         live = {g.key for g in snapshot.gangs}
         self._podgroup = {k: v for k, v in self._podgroup.items() if k in live}
         for gang in snapshot.gangs:
-            if gang.implicit:
+            if gang.implicit or gang.key in skip:
                 continue
             pods = snapshot.pods_by_gang.get(gang.key, [])
             body = _podgroup_body(gang, pods, outcomes.get(gang.key), waiting.get(gang.key))
@@ -339,12 +356,14 @@ class StatusPublisher:
                 )
         return calls
 
-    def _queues(self, snapshot: Snapshot, report: FairShareReport) -> list[Awaitable[None]]:
+    def _queues(
+        self, snapshot: Snapshot, report: FairShareReport, skip: frozenset[str] = frozenset()
+    ) -> list[Awaitable[None]]:
         calls: list[Awaitable[None]] = []
         live = {q.name for q in snapshot.queues}
         self._queue = {k: v for k, v in self._queue.items() if k in live}
         for queue in snapshot.queues:
-            if queue.name not in report.queues:
+            if queue.name not in report.queues or queue.name in skip:
                 continue
             body = queue_status_body(report, queue.name)
             if self._queue.get(queue.name) == body:

@@ -1,4 +1,10 @@
-"""Where each kind lives in the API: group, version, plural, scope, and its URL paths."""
+"""Where each kind lives in the API: group, version, plural, scope, and its URL paths.
+
+Two APIs name their kinds alike (KAI's ``scheduling.run.ai`` and Volcano's
+``scheduling.volcano.sh`` both have a ``Queue`` and a ``PodGroup``), so the watcher and the
+cache key every kind by :attr:`ResourceKind.key`: the kind itself, or ``VolcanoQueue`` /
+``VolcanoPodGroup`` for Volcano's.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from urllib.parse import quote
 
 __all__ = [
     "BINDING",
+    "CLUSTER_SCOPED_KINDS",
     "DEGRADABLE_KINDS",
     "EVENT",
     "KINDS",
@@ -17,6 +24,9 @@ __all__ = [
     "POD_DISRUPTION_BUDGET",
     "PRIORITY_CLASS",
     "QUEUE",
+    "VOLCANO_KINDS",
+    "VOLCANO_PODGROUP",
+    "VOLCANO_QUEUE",
     "WATCHED_KINDS",
     "ResourceKind",
     "kind_of",
@@ -32,6 +42,13 @@ class ResourceKind:
     version: str
     plural: str
     namespaced: bool
+    #: The name the watcher and the cache know this kind by when ``kind`` alone is ambiguous.
+    name: str = ""
+
+    @property
+    def key(self) -> str:
+        """The kind's key in :data:`KINDS`, the watcher and the cache."""
+        return self.name or self.kind
 
     @property
     def api_version(self) -> str:
@@ -69,10 +86,22 @@ POD_DISRUPTION_BUDGET = ResourceKind(
 BINDING = ResourceKind("Binding", "", "v1", "bindings", namespaced=True)
 EVENT = ResourceKind("Event", "events.k8s.io", "v1", "events", namespaced=True)
 LEASE = ResourceKind("Lease", "coordination.k8s.io", "v1", "leases", namespaced=True)
+#: Volcano's API, read natively when its CRDs are installed (docs/api.md, "Volcano").
+VOLCANO_QUEUE = ResourceKind(
+    "Queue", "scheduling.volcano.sh", "v1beta1", "queues", namespaced=False, name="VolcanoQueue"
+)
+VOLCANO_PODGROUP = ResourceKind(
+    "PodGroup",
+    "scheduling.volcano.sh",
+    "v1beta1",
+    "podgroups",
+    namespaced=True,
+    name="VolcanoPodGroup",
+)
 
-#: Every kind by its ``kind`` name.
+#: Every kind by its key (:attr:`ResourceKind.key`).
 KINDS: dict[str, ResourceKind] = {
-    k.kind: k
+    k.key: k
     for k in (
         POD,
         NODE,
@@ -83,6 +112,8 @@ KINDS: dict[str, ResourceKind] = {
         BINDING,
         EVENT,
         LEASE,
+        VOLCANO_QUEUE,
+        VOLCANO_PODGROUP,
     )
 }
 #: The kinds the scheduler lists and watches to build its snapshot.
@@ -94,15 +125,20 @@ WATCHED_KINDS: tuple[str, ...] = (
     "PriorityClass",
     "PodDisruptionBudget",
 )
+#: Volcano's kinds, watched too by the scheduler process (``scheduler.runner``). Optional:
+#: without Volcano's CRDs they count as listed with no objects and their list is retried.
+VOLCANO_KINDS: tuple[str, ...] = (VOLCANO_QUEUE.key, VOLCANO_PODGROUP.key)
 #: Watched kinds the scheduler can work without: a list that is forbidden (an RBAC role from
 #: an older release) or not found counts as listed with no objects, so it never holds up
 #: scheduling. Without PodDisruptionBudgets the plan cannot honour them, but the Eviction API
 #: still does (a refused eviction drops the plan that needed it).
-DEGRADABLE_KINDS: frozenset[str] = frozenset({"PodDisruptionBudget"})
+DEGRADABLE_KINDS: frozenset[str] = frozenset({"PodDisruptionBudget", *VOLCANO_KINDS})
+#: Keys of the cluster-scoped kinds the cache stores.
+CLUSTER_SCOPED_KINDS: frozenset[str] = frozenset(k.key for k in KINDS.values() if not k.namespaced)
 
 
 def kind_of(name: str) -> ResourceKind:
-    """The :class:`ResourceKind` for a kind name; ``KeyError`` names the known kinds."""
+    """The :class:`ResourceKind` for a kind key; ``KeyError`` names the known kinds."""
     try:
         return KINDS[name]
     except KeyError:

@@ -19,7 +19,9 @@ logged and retried with capped exponential back-off and jitter; other kinds keep
 meanwhile. A kind in :attr:`Watcher.optional` whose list answers 404 (its CRD is not installed)
 counts as listed with no objects, so it never holds up the first cycle: plain pods are
 scheduled, and only what needs that kind waits; the list is retried with back-off and the kind
-appears once its CRD is installed. A kind in :attr:`Watcher.degradable`
+appears once its CRD is installed (Volcano's kinds say so once, at info level: they are
+optional extras). Kinds are known by :attr:`ResourceKind.key` (``VolcanoPodGroup`` for
+Volcano's PodGroup). A kind in :attr:`Watcher.degradable`
 (PodDisruptionBudgets) is treated the same way when its list is *forbidden* too (an RBAC role
 from before the kind was watched): the scheduler works without it, logs how to grant it, and
 keeps retrying. A bug in a kind task is not retried: :meth:`Watcher.run`
@@ -51,7 +53,13 @@ from scheduler.k8s.errors import (
     error_for_status,
     translate,
 )
-from scheduler.k8s.resources import DEGRADABLE_KINDS, WATCHED_KINDS, ResourceKind, kind_of
+from scheduler.k8s.resources import (
+    DEGRADABLE_KINDS,
+    VOLCANO_KINDS,
+    WATCHED_KINDS,
+    ResourceKind,
+    kind_of,
+)
 
 __all__ = ["FIELD_SELECTORS", "EventSink", "WatchSettings", "Watcher"]
 
@@ -150,11 +158,11 @@ class Watcher:
         self.absent: set[str] = set()
         #: Kinds that may be absent (CRDs): everything outside the core and built-in groups.
         self.optional: frozenset[str] = frozenset(
-            k.kind for k in self.kinds if k.group and not k.group.endswith("k8s.io")
+            k.key for k in self.kinds if k.group and not k.group.endswith("k8s.io")
         )
         #: Kinds whose list may also be forbidden without holding up the sync.
         self.degradable: frozenset[str] = frozenset(
-            k.kind for k in self.kinds if k.kind in DEGRADABLE_KINDS
+            k.key for k in self.kinds if k.key in DEGRADABLE_KINDS
         )
 
     # --- driving -----------------------------------------------------------------------
@@ -170,7 +178,7 @@ class Watcher:
             self.synced.set()
             return
         tasks = [
-            asyncio.create_task(self._run_kind(kind, iterations), name=f"watch-{kind.kind}")
+            asyncio.create_task(self._run_kind(kind, iterations), name=f"watch-{kind.key}")
             for kind in self.kinds
         ]
         try:
@@ -196,7 +204,7 @@ class Watcher:
         return float(delay * (0.5 + 0.5 * self._rng()))
 
     async def _run_kind(self, kind: ResourceKind, iterations: int | None) -> None:
-        rv = self.resource_versions.get(kind.kind) if kind.kind in self.listed else None
+        rv = self.resource_versions.get(kind.key) if kind.key in self.listed else None
         # ``rv`` None means: list first (the initial sync, or after 410 Gone).
         failures = 0
         rounds = 0
@@ -209,23 +217,23 @@ class Watcher:
                 else:
                     rv, healthy = await self._watch(kind, rv)
             except _Relist:
-                log.info("watch_relist", kind=kind.kind, resource_version=rv, reason="Gone")
-                self.resource_versions.pop(kind.kind, None)
+                log.info("watch_relist", kind=kind.key, resource_version=rv, reason="Gone")
+                self.resource_versions.pop(kind.key, None)
                 rv = None
                 continue
             except KubeError as e:
                 failures += 1
-                self.errors[kind.kind] = e
+                self.errors[kind.key] = e
                 if self._on_restart is not None:
-                    self._on_restart(kind.kind)
+                    self._on_restart(kind.key)
                 if rv is None and self._may_work_without(kind, e):
                     self._mark_absent(kind)
                 hint = e.retry_after if isinstance(e, TemporaryError) else None
                 delay = hint if hint else self.backoff(failures)
                 warming = (
                     isinstance(e, Forbidden)
-                    and kind.kind in self.listed
-                    and kind.kind not in self.absent
+                    and kind.key in self.listed
+                    and kind.key not in self.absent
                 )
                 if warming:
                     # We were allowed before: a restarted API server answers 403 for a few
@@ -239,7 +247,7 @@ class Watcher:
                 continue
             if healthy:
                 failures = 0
-                self.errors[kind.kind] = None
+                self.errors[kind.key] = None
             else:
                 failures += 1
                 await self._sleep(self.backoff(failures))
@@ -255,18 +263,26 @@ class Watcher:
         transient: bool = False,
     ) -> None:
         fields: dict[str, Any] = {
-            "kind": kind.kind,
+            "kind": kind.key,
             "resource_version": rv,
             "reason": type(e).__name__,
             "error": e.message,
             "attempt": failures,
             "retry_in": round(delay, 2),
         }
-        if isinstance(e, Forbidden) and kind.kind in self.degradable:
+        if isinstance(e, Forbidden) and kind.key in self.degradable:
             log.error(
                 "watch_kind_forbidden_working_without",
                 fix=f"grant list and watch on {kind.plural}.{kind.group or 'core'} to the "
                 "scheduler's ServiceAccount (see manifests/20-rbac.yaml)",
+                **fields,
+            )
+        elif isinstance(e, NotFound) and kind.key in VOLCANO_KINDS:
+            # Volcano's API is optional: without its CRDs nothing needs it. Said once.
+            (log.info if failures == 1 else log.debug)(
+                "watch_kind_not_installed",
+                note=f"optional: {kind.plural}.{kind.group} is read when Volcano's CRDs are "
+                "installed; until then nothing needs it",
                 **fields,
             )
         elif isinstance(e, NotFound) and kind.group:
@@ -284,23 +300,23 @@ class Watcher:
     def _may_work_without(self, kind: ResourceKind, e: KubeError) -> bool:
         """Whether a failed first list of ``kind`` counts as listed with no objects."""
         if isinstance(e, NotFound):
-            return kind.kind in self.optional or kind.kind in self.degradable
-        return isinstance(e, Forbidden) and kind.kind in self.degradable
+            return kind.key in self.optional or kind.key in self.degradable
+        return isinstance(e, Forbidden) and kind.key in self.degradable
 
     def _mark_absent(self, kind: ResourceKind) -> None:
         """An optional kind's API is not installed: it has no objects, and it counts as
         listed for the initial sync (see the module docstring)."""
-        if kind.kind not in self.absent:
-            self.absent.add(kind.kind)
-            self.cache.relisted(kind.kind, [])
+        if kind.key not in self.absent:
+            self.absent.add(kind.key)
+            self.cache.relisted(kind.key, [])
             note = getattr(self.cache, "set_absent", None)
             if note is not None:
-                note(kind.kind, True)
+                note(kind.key, True)
         self._listed(kind)
 
     def _listed(self, kind: ResourceKind) -> None:
-        if kind.kind not in self.listed:
-            self.listed.add(kind.kind)
+        if kind.key not in self.listed:
+            self.listed.add(kind.key)
             if len(self.listed) == len(self.kinds):
                 log.info("synced", kinds=sorted(self.listed), absent=sorted(self.absent))
                 self.synced.set()
@@ -316,7 +332,7 @@ class Watcher:
             query = {
                 "limit": self.settings.page_size,
                 "continue": token,
-                "fieldSelector": FIELD_SELECTORS.get(kind.kind),
+                "fieldSelector": FIELD_SELECTORS.get(kind.key),
             }
             try:
                 page = await request_json(
@@ -329,7 +345,7 @@ class Watcher:
                 restarts += 1
                 if token is None or restarts > 3:
                     raise
-                log.info("list_restart", kind=kind.kind, reason="continue token expired")
+                log.info("list_restart", kind=kind.key, reason="continue token expired")
                 items, token = [], None
                 continue
             if not isinstance(page, dict):
@@ -343,16 +359,16 @@ class Watcher:
             if token is None:
                 rv = str(meta.get("resourceVersion") or "")
                 break
-        self.cache.relisted(kind.kind, items)
-        self.resource_versions[kind.kind] = rv
-        self.list_count[kind.kind] = self.list_count.get(kind.kind, 0) + 1
-        log.info("listed", kind=kind.kind, resource_version=rv, count=len(items))
-        if kind.kind in self.absent:
-            self.absent.discard(kind.kind)
-            log.info("watch_kind_installed", kind=kind.kind)
+        self.cache.relisted(kind.key, items)
+        self.resource_versions[kind.key] = rv
+        self.list_count[kind.key] = self.list_count.get(kind.key, 0) + 1
+        log.info("listed", kind=kind.key, resource_version=rv, count=len(items))
+        if kind.key in self.absent:
+            self.absent.discard(kind.key)
+            log.info("watch_kind_installed", kind=kind.key)
             note = getattr(self.cache, "set_absent", None)
             if note is not None:
-                note(kind.kind, False)
+                note(kind.key, False)
         self._listed(kind)
         return rv
 
@@ -368,7 +384,7 @@ class Watcher:
             "resourceVersion": rv,
             "allowWatchBookmarks": True,
             "timeoutSeconds": server_timeout,
-            "fieldSelector": FIELD_SELECTORS.get(kind.kind),
+            "fieldSelector": FIELD_SELECTORS.get(kind.key),
         }
         timeout = aiohttp.ClientTimeout(
             total=None,
@@ -400,7 +416,7 @@ class Watcher:
                         await asyncio.sleep(0)
                         last_yield = time.monotonic()
         finally:
-            self.resource_versions[kind.kind] = rv
+            self.resource_versions[kind.key] = rv
         healthy = events > 0 or time.monotonic() - started >= s.min_watch_seconds
         return rv, healthy
 
@@ -423,5 +439,5 @@ class Watcher:
             return new_rv
         obj.setdefault("kind", kind.kind)
         obj.setdefault("apiVersion", kind.api_version)
-        self.cache.apply(kind.kind, event_type, obj)
+        self.cache.apply(kind.key, event_type, obj)
         return new_rv

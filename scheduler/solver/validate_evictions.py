@@ -11,7 +11,9 @@ that gang is placed; the evicting gang may preempt and is past its preemption de
 preempt: same queue, strictly lower priority, past ``preemptMinRuntime``; reclaim: another
 queue, past ``reclaimMinRuntime``, the reclaimer's branch (up from its leaf to below the
 common ancestor) stays within fair share with the gang, the victim's branch stays at or
-above its own; PodDisruptionBudgets; consolidation moves at most the configured pods.
+above its own, and no queue on the victim's side (its leaf up to below the common
+ancestor) is marked not reclaimable; PodDisruptionBudgets; consolidation moves at most the
+configured pods.
 """
 
 from __future__ import annotations
@@ -187,6 +189,14 @@ def validate_evictions(
             if not mine or theirs in mine:
                 out.append(f"pod {pod.key}: reclaimed within one branch by {key}")
                 continue
+            victim_side = _chain(snapshot, victim.queue)
+            if theirs in victim_side:
+                victim_side = victim_side[: victim_side.index(theirs) + 1]
+            closed = [q for q in victim_side if q in tree.queues and not tree.queues[q].reclaimable]
+            if closed:
+                out.append(
+                    f"pod {pod.key}: reclaimed by {key} from not reclaimable queue {closed[0]}"
+                )
             for q in mine:
                 share = report.queues[q].fair_share if q in report.queues else {}
                 for r in resources:

@@ -8,7 +8,9 @@ a unit may be taken for it and under which rule (docs/taking-back.md):
 - ``preempt``: same leaf queue, strictly lower gang priority;
 - ``reclaim``: another queue; compared where the two branches of the queue tree meet, the
   reclaimer's branch stays within its fair share with the gang added, and the victim's branch
-  is above its own (the model then caps what is taken at that excess: no ping-pong);
+  is above its own (the model then caps what is taken at that excess: no ping-pong); never
+  from a queue that is not reclaimable, or below one on the victim's side of the branch
+  (Volcano's ``reclaimable: false``);
 - ``shrink``: a pod beyond ``minMember`` under either rule above;
 - only preemptible gangs that have run at least their queue's min runtime are victims, and
   only pending gangs past their preemption delay, whose PriorityClass allows preemption,
@@ -41,6 +43,7 @@ __all__ = [
     "dominant",
     "may_evict",
     "queue_rule",
+    "reclaimable",
 ]
 
 #: What a restart costs a victim beyond the work it loses (image pull, checkpoint load), in
@@ -198,7 +201,7 @@ def queue_rule(
     if queue == g.queue:
         return "preempt"
     mine, theirs = branch_pair(tree, g.queue, queue)
-    if mine == theirs:
+    if mine == theirs or not reclaimable(tree, queue, theirs):
         return None
     resources = dominant(g.ask)
     # Every queue from the reclaimer's leaf up to its branch stays within its fair share.
@@ -211,6 +214,14 @@ def queue_rule(
     if not any(have[r] > share[r] for r in resources):
         return None
     return "reclaim"
+
+
+def reclaimable(tree: QueueTree, queue: str, branch: str) -> bool:
+    """False when ``queue`` or an ancestor up to ``branch`` (the victim's side of the
+    comparison, see :func:`branch_pair`) says ``reclaimable: false``."""
+    chain = tree.ancestors(queue) if queue in tree else [queue]
+    side = chain[: chain.index(branch) + 1] if branch in chain else chain
+    return all(tree.queues[q].reclaimable for q in side if q in tree.queues)
 
 
 def victim_rooms(

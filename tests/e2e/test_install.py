@@ -320,8 +320,14 @@ def _rendered(cp: ControlPlane, *sets: str) -> list[dict[str, Any]]:
     return _docs(_template(cp, *sets).stdout)
 
 
+def _scheduler_deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The scheduler's Deployment (the chart also renders the pod grouper's)."""
+    (deploy,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == NS]
+    return deploy
+
+
 def _deployment_args(docs: list[dict[str, Any]]) -> list[str]:
-    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    deploy = _scheduler_deployment(docs)
     args: list[str] = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
     return args
 
@@ -350,7 +356,7 @@ def test_helm_values_reach_the_pod_and_config(control_plane: ControlPlane) -> No
         "tolerations[0].key=dedicated", "tolerations[0].operator=Exists",
         "resources.requests.cpu=2", "defaultQueues.enabled=false",
     )  # fmt: skip
-    (deploy,) = [d for d in docs if d["kind"] == "Deployment"]
+    deploy = _scheduler_deployment(docs)
     pod = deploy["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == "registry.example/kai:1.2.3"
     assert "--log-level=debug" in pod["containers"][0]["args"]
@@ -385,7 +391,10 @@ def test_helm_rejects_bad_values(
 
 def test_chart_and_plain_manifests_grant_the_same_rules(control_plane: ControlPlane) -> None:
     def rules(docs: list[dict[str, Any]], kind: str) -> list[Any]:
-        (role,) = [d for d in docs if d["kind"] == kind]
+        # The scheduler's roles (the pod grouper's are compared in test_podgrouper.py).
+        (role,) = [
+            d for d in docs if d["kind"] == kind and "podgrouper" not in d["metadata"]["name"]
+        ]
         found: list[Any] = role["rules"]
         return found
 

@@ -112,7 +112,7 @@ def chart_install(cp: ControlPlane, workdir: Path) -> Iterator[ChartInstall]:
         "install", release, str(CHART), "-n", namespace, "--create-namespace", "--wait",
         # The Deployment's pod could never run here (see the module docstring), and must not
         # be a second scheduler anyway: zero replicas keeps the Deployment and creates no pod.
-        "--set", "replicas=0",
+        "--set", "replicas=0", "--set", "podgrouper.replicas=0",
         "--set", f"defaultQueues.enabled={str(not have_defaults).lower()}",
         "--set", f"priorityClasses.enabled={str(not have_classes).lower()}",
         timeout=180,

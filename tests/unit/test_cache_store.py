@@ -153,6 +153,30 @@ def test_implicit_gang_follows_the_contract(cache: Cache) -> None:
     assert vip.queue == "default-queue" and not vip.preemptible
 
 
+def test_with_a_pod_grouper_pods_wait_for_their_podgroup(clock: Clock) -> None:
+    """Without this, a workload's first pods could be bound alone in the moment before the
+    grouper annotates them."""
+    cache = Cache("kai-scheduler", "default-queue", clock, wait_for_pod_grouper=True)
+    cache.apply("Pod", "ADDED", pod("w0"))
+    snap = cache.snapshot()
+    assert snap.pods == () and snap.gangs == ()
+    (problem,) = list(cache.problems())
+    assert problem.reason == "WaitingForPodGroup" and "pod grouper" in problem.message
+    # The grouper annotates it (and made the PodGroup): it is scheduled as a member.
+    cache.apply("PodGroup", "ADDED", podgroup("wl", minMember=1))
+    cache.apply("Pod", "MODIFIED", pod("w0", group="wl"))
+    assert [p.gang for p in cache.snapshot().pods] == ["ns/wl"]
+    assert list(cache.problems()) == []
+    # Opting out: a gang of one at once.
+    skipped = pod("solo", annotations={"kai.scheduler/skip-podgrouper": "true"})
+    cache.apply("Pod", "ADDED", skipped)
+    assert "ns/solo" in cache.snapshot().gang_by_key
+    # Bound pods without a group still count where they run.
+    bound = pod("old", node_name="n1", phase="Running")
+    cache.apply("Pod", "ADDED", bound)
+    assert "ns/old" in {p.key for p in cache.snapshot().pods}
+
+
 @pytest.mark.parametrize("annotation", ["pod-group-name", "scheduling.k8s.io/group-name"])
 def test_pods_join_their_podgroup_by_either_annotation(cache: Cache, annotation: str) -> None:
     cache.apply("PodGroup", "ADDED", podgroup("train", minMember=2, queue="team-a"))
@@ -216,7 +240,7 @@ def test_missing_podgroup_is_a_problem_and_pending_pod_is_left_out(cache: Cache)
     # A bound pod whose PodGroup vanished still holds its GPUs.
     assert snap.node_states()["n1"].whole_free_gpus == 6
     assert snap.gang_by_key[pods["running"].gang].min_member == 1
-    (problem,) = cache.problems()
+    (problem,) = list(cache.problems())
     assert (problem.kind, problem.namespace, problem.name) == ("Pod", "ns", "lost")
     assert problem.reason == "PodGroupNotFound"
     assert problem.field == "metadata.annotations[pod-group-name]"
@@ -461,10 +485,10 @@ def test_only_changes_a_cycle_can_act_on_wake_it(cache: Cache) -> None:
 def test_missing_podgroup_crd_is_named_in_the_reason(cache: Cache) -> None:
     cache.apply("Pod", "ADDED", pod("w0", group="train"))
     cache.set_absent("PodGroup", True)
-    (problem,) = cache.problems()
+    (problem,) = list(cache.problems())
     assert "PodGroup CRD" in problem.message and "not installed" in problem.message
     cache.set_absent("PodGroup", False)
-    (problem,) = cache.problems()
+    (problem,) = list(cache.problems())
     assert "does not exist" in problem.message
 
 
@@ -474,7 +498,7 @@ def test_bad_grant_annotation_is_a_problem_but_pod_still_counts(cache: Cache) ->
     cache.apply("Pod", "ADDED", p)
     snap = cache.snapshot()
     assert snap.node_states()["n1"].whole_free_gpus == 1
-    (problem,) = cache.problems()
+    (problem,) = list(cache.problems())
     assert problem.field == f"metadata.annotations[{GPU_GRANT_ANNOTATION}]"
 
 

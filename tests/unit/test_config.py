@@ -30,6 +30,7 @@ def test_shipped_configmap_parses() -> None:
     assert cfg.placement.time_limit_seconds == 0.5
     assert cfg.default_queue == "default-queue"
     assert cfg.staleness_grace_period == 60.0
+    assert cfg.pod_grouper is True  # 70-podgrouper.yaml ships beside it
 
 
 def test_every_key_is_applied(tmp_path: Path) -> None:
@@ -39,7 +40,7 @@ def test_every_key_is_applied(tmp_path: Path) -> None:
         " greedyOnly: true, takeBack: false, consolidationMaxPods: 4, takeBackGangs: 2}\n"
         "cyclePeriod: 250ms\nsolverTimeLimit: 2s\ndefaultQueue: team-a\n"
         "stalenessGracePeriod: 1m30s\nschedulerName: other\nbindAttempts: 5\n"
-        "eventInterval: 10s\ndebounce: 0s\nnominationTimeout: 45s\n"
+        "eventInterval: 10s\ndebounce: 0s\nnominationTimeout: 45s\npodGrouper: true\n"
         "leaderElection: {leaseName: x, leaseNamespace: ns, leaseDuration: 6s,"
         " renewDeadline: 4s, retryPeriod: 1s}\n"
     )
@@ -53,6 +54,7 @@ def test_every_key_is_applied(tmp_path: Path) -> None:
     assert cfg.placement.consolidation_max_pods == 4
     assert cfg.placement.take_back_gangs == 2
     assert cfg.nomination_timeout == 45.0
+    assert cfg.pod_grouper is True
     assert cfg.placement.time_limit_seconds == 2.0
     assert cfg.cycle_period == 0.25
     assert cfg.default_queue == "team-a"

@@ -48,6 +48,8 @@ REQUIRED_CLUSTER_PERMISSIONS: set[tuple[str, str, str]] = {
         for r in ("queues/status", "podgroups/status")
         for v in ("patch", "update")
     },
+    ("scheduling.volcano.sh", "podgroups", "patch"),
+    ("scheduling.volcano.sh", "queues", "create"),
     *{("scheduling.k8s.io", "priorityclasses", v) for v in ("get", "list", "watch")},
     *{("policy", "poddisruptionbudgets", v) for v in ("list", "watch")},
 }
@@ -70,6 +72,15 @@ def _plain_docs() -> list[Doc]:
 
 def _by_kind(docs: list[Doc], kind: str) -> list[Doc]:
     return [d for d in docs if d["kind"] == kind]
+
+
+def _scheduler_objects(docs: list[Doc]) -> list[Doc]:
+    """The scheduler's own objects (the pod grouper's are checked in test_podgrouper_manifests)."""
+    return [
+        d
+        for d in docs
+        if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") != "podgrouper"
+    ]
 
 
 def _crd(plural: str) -> Doc:
@@ -198,7 +209,7 @@ def test_rbac_has_no_wildcards(verbs_or_resources: str) -> None:
 
 
 def test_rbac_grants_exactly_what_the_scheduler_needs() -> None:
-    docs = _plain_docs()
+    docs = _scheduler_objects(_plain_docs())
     (cluster_role,) = _by_kind(docs, "ClusterRole")
     (role,) = _by_kind(docs, "Role")
     granted = _triples(cluster_role["rules"])
@@ -216,7 +227,7 @@ def test_chart_rbac_rules_match_plain_manifests() -> None:
 
 
 def test_rbac_bindings_point_at_the_service_account() -> None:
-    docs = _plain_docs()
+    docs = _scheduler_objects(_plain_docs())
     (sa,) = _by_kind(docs, "ServiceAccount")
     for kind in ("ClusterRoleBinding", "RoleBinding"):
         (binding,) = _by_kind(docs, kind)
@@ -226,7 +237,7 @@ def test_rbac_bindings_point_at_the_service_account() -> None:
 
 
 def test_deployment_is_hardened_and_probed() -> None:
-    docs = _plain_docs()
+    docs = _scheduler_objects(_plain_docs())
     (deployment,) = _by_kind(docs, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "kai-scheduler"
@@ -260,7 +271,9 @@ def test_scheduler_config_has_the_documented_keys() -> None:
         "solverTimeLimit",
         "defaultQueue",
         "stalenessGracePeriod",
+        "podGrouper",
     }
+    assert config["podGrouper"] is True  # the pod grouper ships in the same manifests
     assert set(config["placement"]) == {"gpu", "cpu", "scoring"}
     assert {config["placement"]["gpu"], config["placement"]["cpu"]} <= {"binpack", "spread"}
     assert config["placement"]["scoring"] in {"packing", "fragmentation"}
