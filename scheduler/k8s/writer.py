@@ -51,6 +51,7 @@ __all__ = [
     "NotLeader",
     "ObjectRef",
     "Writer",
+    "event_body",
     "now_rfc3339",
 ]
 
@@ -58,6 +59,30 @@ log = structlog.get_logger("scheduler.k8s.writer")
 
 #: The API rejects longer Event messages.
 _MAX_MESSAGE = 1000
+
+
+def event_body(
+    ref: ObjectRef, reason: str, message: str, *, warning: bool, component: str, instance: str
+) -> tuple[str, dict[str, Any]]:
+    """(namespace, body) of a core/v1 Event about ``ref``. Cluster-scoped objects (Queues,
+    Nodes) get their Events in "default", as kubectl describe looks for them there."""
+    now = now_rfc3339()
+    namespace = ref.namespace or "default"
+    return namespace, {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{ref.name}.", "namespace": namespace},
+        "involvedObject": ref.involved(),
+        "reason": reason,
+        "message": message[:_MAX_MESSAGE],
+        "type": "Warning" if warning else "Normal",
+        "source": {"component": component},
+        "reportingComponent": component,
+        "reportingInstance": instance,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
 
 
 def now_rfc3339() -> str:
@@ -446,25 +471,9 @@ class Writer:
         key = (ref.kind, ref.namespace, ref.name, ref.uid, reason, message)
         if not self.limiter.allow(key):
             return False
-        now = now_rfc3339()
-        # Cluster-scoped objects (Queues, Nodes) get their Events in "default", as kubectl
-        # describe looks for them there.
-        namespace = ref.namespace or "default"
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{ref.name}.", "namespace": namespace},
-            "involvedObject": ref.involved(),
-            "reason": reason,
-            "message": message[:_MAX_MESSAGE],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": self.component},
-            "reportingComponent": self.component,
-            "reportingInstance": self.instance,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        namespace, body = event_body(
+            ref, reason, message, warning=warning, component=self.component, instance=self.instance
+        )
         try:
             await self._request("POST", f"/api/v1/namespaces/{namespace}/events", body=body)
         except KubeError as e:

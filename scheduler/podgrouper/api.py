@@ -35,7 +35,7 @@ from kubernetes_asyncio.client import ApiClient
 from scheduler.k8s.client import MERGE_PATCH, request_json
 from scheduler.k8s.errors import Conflict, Forbidden, KubeError, NotFound, PermanentError
 from scheduler.k8s.resources import POD, PODGROUP, ResourceKind
-from scheduler.k8s.writer import EventLimiter, ObjectRef, now_rfc3339
+from scheduler.k8s.writer import EventLimiter, ObjectRef, event_body
 from scheduler.podgrouper.owners import ObjectInfo, OwnerRef, controller_ref, split_api_version
 
 __all__ = [
@@ -52,7 +52,6 @@ log = structlog.get_logger("scheduler.podgrouper.api")
 MAX_CHAIN = 10
 #: Seconds before a kind the API did not serve is looked up again.
 _DISCOVERY_RETRY = 60.0
-_MAX_MESSAGE = 1000
 
 #: Workload kinds whose URL is known without discovery: (apiVersion, kind) -> (plural,
 #: namespaced).
@@ -358,23 +357,9 @@ class KubeGrouperApi:
         """A core/v1 Event about ``ref`` (see :class:`GrouperApi`)."""
         if not self.limiter.allow((ref.kind, ref.namespace, ref.name, ref.uid, reason, message)):
             return False
-        now = now_rfc3339()
-        namespace = ref.namespace or "default"
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{ref.name}.", "namespace": namespace},
-            "involvedObject": ref.involved(),
-            "reason": reason,
-            "message": message[:_MAX_MESSAGE],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": self.component},
-            "reportingComponent": self.component,
-            "reportingInstance": self.instance,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        namespace, body = event_body(
+            ref, reason, message, warning=warning, component=self.component, instance=self.instance
+        )
         try:
             await self._request(
                 "POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", body=body
