@@ -328,9 +328,7 @@ def _solve_one(
     greedy_only: bool = False,
 ) -> _Choice | None:
     now = snapshot.now
-    shapes: dict[object, list[Pod]] = {}
-    for p in g.required:
-        shapes.setdefault(shape_key(p), []).append(p)
+    shapes = _group(g.required)
     reps = [pods[0] for pods in shapes.values()]
     # Nodes: those that accept some pod of the gang and have room or host a candidate.
     # Judged once per node class (same static traits and free state: same answer).
