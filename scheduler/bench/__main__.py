@@ -15,6 +15,7 @@ BENCHMARKS = {
     "e2e": "scheduler.bench.e2e",
     "cache": "scheduler.bench.cache",
     "takeback-diff": "scheduler.bench.takeback_diff",
+    "podgrouper-diff": "scheduler.bench.podgrouper_diff",
 }
 
 

@@ -374,8 +374,12 @@ class VolcanoStatus:
         self.writer = writer
         self.overcommit = overcommit
         self._clock = clock
-        self._written: dict[str, tuple[Any, ...]] = {}
-        self._queue_written: dict[str, dict[str, str]] = {}
+        #: ``namespace/name`` -> (uid, status) last written: a PodGroup deleted and made again
+        #: under the same name (Volcano's job controller does so on every Job restart) is
+        #: another object and is written afresh, even when it should get the same status.
+        self._written: dict[str, tuple[str, tuple[Any, ...]]] = {}
+        #: Queue name -> (uid, status.allocated) last written (uid: as for ``_written``).
+        self._queue_written: dict[str, tuple[str, dict[str, str]]] = {}
         #: Whether PodGroups have a status subresource (None: not asked yet).
         self._status_subresource: bool | None = None
         self._create_after = 0.0
@@ -448,8 +452,9 @@ class VolcanoStatus:
         }
         calls: list[Awaitable[None]] = []
         wanted = _comparable(body)
-        if wanted != _comparable(raw.get("status") or {}) and self._written.get(key) != wanted:
-            self._written[key] = wanted
+        mark = (str(meta.get("uid") or ""), wanted)
+        if wanted != _comparable(raw.get("status") or {}) and self._written.get(key) != mark:
+            self._written[key] = mark
             if _phase(raw) != status.phase:
                 log.info(
                     "volcano_podgroup_phase",
@@ -511,9 +516,10 @@ class VolcanoStatus:
                 continue
             allocated = k8s_resource_list(status.allocated)
             current = (raw.get("status") or {}).get("allocated") or {}
-            if allocated == current or self._queue_written.get(name) == allocated:
+            mark = ("", allocated)  # REVERTED
+            if allocated == current or self._queue_written.get(name) == mark:
                 continue
-            self._queue_written[name] = allocated
+            self._queue_written[name] = mark
             calls.append(self._patch_queue(name, allocated))
         return calls
 
