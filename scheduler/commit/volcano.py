@@ -516,7 +516,7 @@ class VolcanoStatus:
                 continue
             allocated = k8s_resource_list(status.allocated)
             current = (raw.get("status") or {}).get("allocated") or {}
-            mark = ("", allocated)  # REVERTED
+            mark = (str((raw.get("metadata") or {}).get("uid") or ""), allocated)
             if allocated == current or self._queue_written.get(name) == mark:
                 continue
             self._queue_written[name] = mark

@@ -5,6 +5,8 @@ ServiceAccount and ClusterRole it ships with (``manifests/``), serving two sched
 The test plays Volcano's job controller: it creates a Job's PodGroup and, only once the
 scheduler has moved it to ``Inqueue``, its pods - exactly the contract Volcano's
 controller-manager follows (tests/e2e/test_volcano_jobs.py runs the real one).
+The tests of a PodGroup or Queue made again under its name run the scheduler's cycles
+themselves, one at a time (see there).
 
 Volcano's CRDs are vendored in ``testdata/volcano`` (volcano.sh/volcano v1.10.0, Apache-2.0).
 """
@@ -26,8 +28,14 @@ from scheduler.commit.status import StatusPublisher
 from scheduler.commit.volcano import VolcanoStatus
 from scheduler.config import SchedulerConfig, ServiceSettings
 from scheduler.cycle import run_cycle
-from scheduler.k8s.client import ClientSettings
-from scheduler.k8s.resources import WATCHED_KINDS, ResourceKind
+from scheduler.k8s.client import ClientSettings, make_api_client
+from scheduler.k8s.resources import (
+    VOLCANO_KINDS,
+    VOLCANO_PODGROUP,
+    VOLCANO_QUEUE,
+    WATCHED_KINDS,
+    ResourceKind,
+)
 from scheduler.k8s.watch import Watcher, WatchSettings
 from scheduler.k8s.writer import Writer
 from scheduler.runner import Scheduler
@@ -272,3 +280,156 @@ async def test_without_volcano_crds_nothing_fails(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+# --- The same name, another object ----------------------------------------------------------
+#
+# Volcano's job controller restarts a Job (RestartJob) by deleting its PodGroup and creating
+# it again under the same name. The scheduler remembers what it wrote per name; a cycle that
+# sees the name gone forgets it, but one need not run in between, and then the new object must
+# still be told its status. The runner's loop runs on its period and cannot be held still
+# from outside (tests/integration/test_no_mocks.py: no patching), so these tests wire the
+# scheduler's parts as scheduler.runner does and run its cycles themselves, one at a time.
+
+PODGROUPS = "podgroups.scheduling.volcano.sh"
+QUEUES = "queues.scheduling.volcano.sh"
+
+
+class Cycles:
+    """The scheduler's watch, cache, backend and Volcano status step on the shipped
+    ServiceAccount's client, cycled by the test."""
+
+    def __init__(self, api: ApiClient) -> None:
+        self.cache = Cache([KAI_NAME, VOLCANO_NAME], "default-queue")
+        self.watcher = Watcher(api, self.cache, (*WATCHED_KINDS, *VOLCANO_KINDS), settings=FAST)
+        writer = Writer(api, component=KAI_NAME)
+        self.backend = LiveBackend(self.cache, writer)
+        self.backend.status.volcano = VolcanoStatus(self.cache, writer)
+        self.count = 0
+
+    async def until(self, what: str, check: Any, want: Any, cycles: int = 10) -> None:
+        """Run cycles, each with its writes done, until the coroutine function ``check``
+        returns ``want``."""
+        last: Any = None
+        for _ in range(cycles):
+            self.count += 1
+            await run_cycle(self.backend, PlacementSettings(time_limit_seconds=0.3), self.count)
+            await self.backend.flush()
+            last = await check()
+            if last == want:
+                return
+            await asyncio.sleep(0.2)  # the watch brings the writes in, as between cycles
+        raise AssertionError(f"not {what} after {cycles} cycles; last value {last!r}")
+
+    async def sees(self, kind: str, namespace: str, name: str, uid: str) -> None:
+        """Until the cache holds the object ``uid`` under ``name`` (no cycle runs meanwhile)."""
+
+        async def cached() -> str:
+            raw = self.cache.raw(kind, namespace, name) or {}
+            return str((raw.get("metadata") or {}).get("uid") or "")
+
+        await eventually_async(f"{kind} {name} {uid} in the cache", cached, uid, 30)
+
+
+@pytest.fixture
+async def cycles(kai_cluster: KaiCluster) -> AsyncIterator[Cycles]:
+    install_volcano_crds(kai_cluster.cp)
+    api = await make_api_client(ClientSettings(kube_config=str(kai_cluster.kubeconfig)))
+    parts = Cycles(api)
+    task = asyncio.create_task(parts.watcher.run())
+    try:
+        await asyncio.wait_for(parts.watcher.synced.wait(), 30)
+        yield parts
+    finally:
+        await parts.backend.flush()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await api.close()
+
+
+def volcano_queue(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "Queue",
+        "metadata": {"name": name},
+        "spec": {"reclaimable": False, "weight": 1},
+    }
+
+
+async def made_again(cp: ControlPlane, obj: dict[str, Any], *namespace: str) -> dict[str, Any]:
+    """Delete ``obj`` (waiting until it is gone) and create it again under its name, without
+    status, as Volcano's controllers make their objects; the new object."""
+    kind = PODGROUPS if obj["kind"] == "PodGroup" else QUEUES
+    name = obj["metadata"]["name"]
+    old = await get_json(cp, kind, name, *namespace)
+    await kubectl(cp, "delete", kind, name, *namespace)
+    fresh = {k: v for k, v in obj.items() if k != "status"}
+    await kubectl(cp, "create", *namespace, "-f", "-", input=json.dumps(fresh))
+    new = await get_json(cp, kind, name, *namespace)
+    assert new["metadata"]["uid"] != old["metadata"]["uid"]
+    assert not new.get("status"), new["status"]
+    return dict(new)
+
+
+async def test_podgroup_made_again_under_its_name_is_enqueued_again(
+    cycles: Cycles, kai_cluster: KaiCluster, namespace: str, make_gpu_nodes: Any
+) -> None:
+    cp = kai_cluster.cp
+    label = namespace[-6:]
+    # Room to spare: enqueueing weighs the whole cluster, where PodGroups of the tests before
+    # may still be Inqueue while their namespaces go.
+    await asyncio.to_thread(make_gpu_nodes, 1, gpus=8, labels={"volcano-it": label})
+    queue = volcano_queue(f"restart-{label}")
+    await kubectl(cp, "create", "-f", "-", input=json.dumps(queue))
+    try:
+        group = podgroup("job", min_member=2, gpus=2, queue=queue["metadata"]["name"])
+        await kubectl(cp, "create", "-n", namespace, "-f", "-", input=json.dumps(group))
+
+        async def phase() -> str:
+            pg = await get_json(cp, PODGROUPS, "job", "-n", namespace)
+            return str(((pg or {}).get("status") or {}).get("phase") or "")
+
+        await cycles.until("job Inqueue", phase, "Inqueue")
+        # The Job restarts before it has pods: its PodGroup goes and comes back, with no
+        # cycle in between.
+        new = await made_again(cp, group, "-n", namespace)
+        await cycles.sees(VOLCANO_PODGROUP.key, namespace, "job", new["metadata"]["uid"])
+        await cycles.until("the new job Inqueue", phase, "Inqueue", cycles=3)
+    finally:
+        await kubectl(cp, "delete", QUEUES, queue["metadata"]["name"], "--wait=false")
+
+
+async def test_queue_made_again_under_its_name_is_told_its_allocation_again(
+    cycles: Cycles, kai_cluster: KaiCluster, namespace: str, make_gpu_nodes: Any
+) -> None:
+    cp = kai_cluster.cp
+    label = namespace[-6:]
+    await asyncio.to_thread(make_gpu_nodes, 1, gpus=8, labels={"volcano-it": label})
+    queue = volcano_queue(f"again-{label}")
+    name = queue["metadata"]["name"]
+    await kubectl(cp, "create", "-f", "-", input=json.dumps(queue))
+    try:
+        group = podgroup("job", min_member=2, gpus=2, queue=name)
+        await kubectl(cp, "create", "-n", namespace, "-f", "-", input=json.dumps(group))
+
+        async def phase() -> str:
+            pg = await get_json(cp, PODGROUPS, "job", "-n", namespace)
+            return str(((pg or {}).get("status") or {}).get("phase") or "")
+
+        async def allocated() -> str:
+            q = await get_json(cp, QUEUES, name)
+            return str((((q or {}).get("status") or {}).get("allocated") or {}).get(GPU))
+
+        await cycles.until("job Inqueue", phase, "Inqueue")
+        items = [worker(f"job-{i}", "job", label) for i in range(2)]
+        await kubectl(
+            cp, "create", "-n", namespace, "-f", "-",
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+        )  # fmt: skip
+        await cycles.until("queue allocated", allocated, "2")
+        # The queue goes and comes back while what it holds stays the same.
+        new = await made_again(cp, queue)
+        await cycles.sees(VOLCANO_QUEUE.key, "", name, new["metadata"]["uid"])
+        await cycles.until("the new queue allocated", allocated, "2", cycles=3)
+    finally:
+        await kubectl(cp, "delete", QUEUES, name, "--wait=false")
