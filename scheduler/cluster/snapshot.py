@@ -76,6 +76,11 @@ class Snapshot:
         return {n.name: n for n in self.nodes}
 
     @cached_property
+    def pod_by_uid(self) -> dict[str, Pod]:
+        """Pods by uid (shared: read it, do not change it)."""
+        return {p.uid: p for p in self.pods}
+
+    @cached_property
     def gang_by_key(self) -> dict[str, Gang]:
         """Gangs keyed by ``namespace/name``."""
         return {g.key: g for g in self.gangs}
@@ -92,6 +97,11 @@ class Snapshot:
     def node_states(self) -> dict[str, NodeState]:
         """Per-node usage, computed once per snapshot (a fresh dict each call)."""
         return dict(self._node_states)
+
+    @cached_property
+    def _bound_usage(self) -> BoundUsage:
+        """Every node's :func:`bound_usage`, shared by its callers (read it through that)."""
+        return _bound_usage_of(self)
 
     @cached_property
     def _node_states(self) -> dict[str, NodeState]:
@@ -156,13 +166,27 @@ def bound_usage(snapshot: Snapshot, names: Iterable[str] | None = None) -> Bound
     """What the active bound pods of ``snapshot`` hold, for the nodes ``names`` (default:
     all). The one accounting the snapshot, the solver's state and the validator share.
 
+    Computed once per snapshot (a cycle asks several times); each call gets its own copies
+    of the rows, which callers may change.
+    """
+    full = snapshot._bound_usage
+    wanted = full.used if names is None else names
+    used = {n: dict(full.used[n]) for n in wanted}
+    gpu_free = {n: list(full.gpu_free[n]) for n in used}
+    pod_count = {n: full.pod_count[n] for n in used}
+    bound = list(full.bound) if names is None else [p for p in full.bound if p.node_name in used]
+    return BoundUsage(used, gpu_free, pod_count, bound)
+
+
+def _bound_usage_of(snapshot: Snapshot) -> BoundUsage:
+    """:func:`bound_usage` of every node, computed.
+
     Pods bound to a node that is not in the snapshot are ignored (they hold nothing the
     scheduler can give away). A GPU pod bound without a recorded device grant (e.g. placed by
     another scheduler) takes the freest devices, so device accounting stays conservative.
     """
     nodes = snapshot.node_by_name
-    wanted = nodes if names is None else names
-    used: dict[str, dict[str, int]] = {n: {} for n in wanted}
+    used: dict[str, dict[str, int]] = {n: {} for n in nodes}
     gpu_free = {n: [GPU_MILLI] * nodes[n].gpu_count for n in used}
     pod_count: dict[str, int] = dict.fromkeys(used, 0)
     ungranted: list[Pod] = []

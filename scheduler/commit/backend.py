@@ -268,7 +268,7 @@ class LiveBackend:
         where = {e.pod_uid: (e.gang, e.node) for e in placement.evictions}
         if any(uid not in where for uid in victims):
             # Waits for pods evicted earlier: name them from the snapshot.
-            by_uid = {p.uid: p for p in snapshot.pods}
+            by_uid = snapshot.pod_by_uid
             for uid in victims:
                 p = by_uid.get(uid)
                 if uid not in where and p is not None:

@@ -144,7 +144,7 @@ class FreeCapacity:
             return
         by_name = any(uses_node_name(p) for p in snapshot.pods if p.pending)
         states = snapshot.node_states()
-        by_uid = {p.uid: p for p in snapshot.pods} if assignments or freed else {}
+        by_uid = snapshot.pod_by_uid
         leaving = [by_uid[u] for u in freed if u in by_uid and by_uid[u].node_name in states]
         touched = {a.node for a in assignments if a.node in states}
         touched |= {p.node_name for p in leaving if p.node_name}

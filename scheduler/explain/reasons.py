@@ -93,7 +93,7 @@ class _Explainer:
         self.pinned: dict[str, dict[str, int]] = defaultdict(dict)  # non-preemptible part
         #: Leaf queue -> pods placed in it this cycle.
         self.placed_in: Counter[str] = Counter()
-        by_uid = {p.uid: p for p in snapshot.pods} if assignments else {}
+        by_uid = snapshot.pod_by_uid
         for a in assignments:
             pod = by_uid.get(a.pod_uid)
             if pod is None:

@@ -34,11 +34,15 @@ from scheduler.plugins.packing import PackingScorer
 from scheduler.solver.bound import admission_bound
 from scheduler.solver.cpsat import UNITS, CpResult, ModelGang, Scale, optimize, work_units
 from scheduler.solver.greedy import (
+    NO_FIT,
+    ClassIndex,
     GangRequest,
     GreedyResult,
+    ShapeKey,
     place_extra_pods,
     place_gangs,
     pod_size,
+    shape_key,
 )
 from scheduler.solver.guided import place_guided, stage_value
 from scheduler.solver.patterns import ClassInfo, pack
@@ -277,9 +281,10 @@ def improve(
     first: CpResult | None
     # Greedy's admission already at the relaxation's bound (it cannot be beaten): the model
     # could only improve placement quality, not worth its build time unless asked for.
+    # The same when the relaxation-guided answer reached that bound: CP-SAT could only
+    # prove it optimal (the answer kept is the same).
     proven = (
         frontier is not None
-        and not guided_better
         and admit_bound is not None
         and not settings.quality_when_admission_proven
         and admission_value(model_gangs, base_admitted, problem.report, {}) >= admit_bound
@@ -342,9 +347,7 @@ def improve(
             before = {q: dict(row) for q, row in book.charged.items()}
             pinned_before = {q: dict(row) for q, row in book.pinned.items()}
             classes = current_classes(state)
-            back = place_gangs(
-                state, tier, scorer, book=book, extras=False, spread_devices=spread, cycle=cycle
-            )
+            back = _place_again(state, tier, greedy.placed, scorer, book, spread, cycle)
             left = deadline - time.perf_counter()
             plain = back
             if settings.lower_tier_stages and len(back.placed) < len(tier) and left > 0.02:
@@ -411,6 +414,81 @@ def improve(
         _restore(state, out, greedy_list)
         return first, None, ""
     return first, out, status or "GREEDY"
+
+
+def _place_again(
+    state: ClusterState,
+    tier: Sequence[GangRequest],
+    before: Mapping[str, Sequence[PodAssignment]],
+    scorer: NodeScorer,
+    book: QueueBook,
+    spread: bool,
+    cycle: int | None,
+) -> GreedyResult:
+    """Place a tier again below a stage that changed: the greedy, in the same order, except
+    that a gang whose greedy placement (``before``) is still free and still admitted by its
+    queue keeps it. Most gangs of a lower tier are untouched by what the stage above moved,
+    and keeping them costs a fraction of a search each."""
+    result = GreedyResult()
+    index = ClassIndex(state, scorer, spread_devices=spread)
+    batch: list[GangRequest] = []
+    # Capacity only shrinks in this pass (kept or placed, gangs only take), so a set of pod
+    # shapes that found no room once finds none later either.
+    no_room: set[tuple[ShapeKey, ...]] = set()
+
+    def signature(g: GangRequest) -> tuple[ShapeKey, ...]:
+        return tuple(sorted((shape_key(p) for p in g.required), key=repr))
+
+    def flush() -> None:
+        if not batch:
+            return
+        again = place_gangs(
+            state, batch, scorer, book=book, extras=False, spread_devices=spread, cycle=cycle,
+            index=index,
+        )  # fmt: skip
+        result.placed.update(again.placed)
+        result.failed.update(again.failed)
+        for g in batch:
+            if again.failed.get(g.key, ("",))[0] == NO_FIT:
+                no_room.add(signature(g))
+        batch.clear()
+
+    try:
+        for g in tier:
+            mine = list(before.get(g.key, ()))[: len(g.required)]
+            if g.required and len(mine) == len(g.required):
+                flush()
+                if _keep(state, g, mine, book):
+                    result.placed[g.key] = mine
+                    continue
+            if g.required and signature(g) in no_room:
+                result.failed[g.key] = (NO_FIT, "no room for the whole gang")
+                continue
+            batch.append(g)
+        flush()
+    finally:
+        index.close()
+    return result
+
+
+def _keep(
+    state: ClusterState, g: GangRequest, mine: Sequence[PodAssignment], book: QueueBook
+) -> bool:
+    """Apply ``mine`` (the gang's required pods) and charge its queue; False, with nothing
+    changed, when its queue no longer admits it or a pod no longer fits where it was."""
+    if book.problem(g.queue, g.ask, preemptible=g.preemptible) is not None:
+        return False
+    done: list[PodAssignment] = []
+    try:
+        for a in mine:
+            state.apply(a)
+            done.append(a)
+    except ValueError:
+        for a in reversed(done):
+            state.release(a.pod_uid)
+        return False
+    book.charge(g.queue, g.ask, preemptible=g.preemptible)
+    return True
 
 
 def _guided_tier(

@@ -48,7 +48,9 @@ class PlacementSettings:
     #: How the greedy ranks nodes and devices (see :data:`Scoring`). With ``fragmentation``
     #: CP-SAT still decides which gangs are admitted, but not where they go.
     scoring: Scoring = "packing"
-    #: Wall-clock budget for CP-SAT per cycle; the greedy answer is used if time runs out.
+    #: Wall-clock budget for the optimising stages of a cycle: CP-SAT placement (the greedy
+    #: answer is used if time runs out), then taking back with what is left of it (at least
+    #: 0.2 s, see :data:`scheduler.solver.takeback.MIN_BUDGET_SECONDS`).
     time_limit_seconds: float = 0.5
     #: CP-SAT worker threads (the machine has 2 cores; the event loop needs some room).
     workers: int = 2
@@ -57,7 +59,8 @@ class PlacementSettings:
     #: Run CP-SAT for placement quality even when greedy admitted every gang.
     quality_when_all_admitted: bool = True
     #: Run CP-SAT for placement quality when some gang was left out but the relaxation
-    #: bound proves the admission optimal (CP-SAT could only improve quality). Off by
+    #: bound proves the admission optimal - the greedy's or the relaxation-guided pass's
+    #: (CP-SAT could only improve quality). Off by
     #: default: on the 5,000-node benchmark that model cost ~0.2 s CPU per cycle and never
     #: improved the answer.
     quality_when_admission_proven: bool = False

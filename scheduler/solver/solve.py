@@ -30,8 +30,10 @@ at every level, leaf quota for non-preemptible gangs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import structlog
 
@@ -66,6 +68,25 @@ __all__ = ["solve", "solve_in_thread"]
 log = structlog.get_logger(__name__)
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """No automatic garbage collection inside the block (restored after, as it was).
+
+    A cycle allocates millions of short-lived objects that reference counting frees; what
+    the cyclic collector does meanwhile is walk, again and again, everything the cycle
+    reads (a snapshot of 50,000 pods). Measured on the 5,000-node benchmark: 0.4-0.7 s of
+    collections in a 2.5-3.3 s cycle. Garbage with cycles made by a cycle is collected
+    after it.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def solve(
     snapshot: Snapshot,
     settings: PlacementSettings = PlacementSettings(),  # noqa: B008 - frozen, never mutated
@@ -80,6 +101,18 @@ def solve(
     :func:`scheduler.explain.explain_unplaced`. The returned assignments passed
     :func:`validate`; if neither engine produced a valid answer, nothing is placed.
     """
+    with collector_paused():
+        return _solve(snapshot, settings, report, scorer=scorer, cycle=cycle)
+
+
+def _solve(
+    snapshot: Snapshot,
+    settings: PlacementSettings,
+    report: FairShareReport | None,
+    *,
+    scorer: NodeScorer | None,
+    cycle: int | None,
+) -> Placement:
     started = time.perf_counter()
     phases: dict[str, float] = {}
     mark = started
@@ -130,6 +163,9 @@ def solve(
     build_seconds = time.perf_counter() - started
     lap("greedy")
     candidates: list[tuple[SolveStatus, list[PodAssignment]]] = []
+    # One optimising budget per cycle: what placement's stage leaves of it goes to taking
+    # back (which gets at least its own minimum).
+    optimise_started = time.perf_counter()
     cp: CpResult | None = None
     cp_assignments: list[PodAssignment] | None = None
     if not settings.greedy_only:
@@ -160,7 +196,10 @@ def solve(
     in_step = _bring_to(state, held, assignments)
     taken = TakeBack()
     if in_step and settings.take_back and len({a.gang for a in assignments}) < len(problem.order):
-        backed = _take_back(snapshot, problem, state, assignments, settings, scorer, cycle)
+        budget = settings.time_limit_seconds - (time.perf_counter() - optimise_started)
+        backed = _take_back(
+            snapshot, problem, state, assignments, settings, scorer, cycle, budget=budget
+        )
         taken = backed or TakeBack()
         in_step = backed is not None
     lap("take_back")
@@ -238,17 +277,25 @@ def _take_back(
     settings: PlacementSettings,
     scorer: NodeScorer | None,
     cycle: int | None,
+    *,
+    budget: float | None = None,
 ) -> TakeBack | None:
     """The take-back stage on the placed ``state``, checked by the validators. None when it
     failed or its answer was invalid (dropped whole); ``state`` is then not to be trusted."""
     book = QueueBook(snapshot.queue_tree, problem.report)
     gangs = snapshot.gang_by_key
-    pods = {p.uid: p for p in snapshot.pods} if assignments else {}
+    pods = snapshot.pod_by_uid
+    # One charge per gang (charges add up; a charge walks the queue's ancestors).
+    per_gang: dict[str, dict[str, int]] = {}
     for a in assignments:
-        gang = gangs.get(a.gang)
+        row = per_gang.setdefault(a.gang, {})
+        for r, v in pod_queue_usage(pods[a.pod_uid]).items():
+            row[r] = row.get(r, 0) + v
+    for key, ask in per_gang.items():
+        gang = gangs.get(key)
         if gang is not None:
-            book.charge(gang.queue, pod_queue_usage(pods[a.pod_uid]), preemptible=gang.preemptible)
-    admitted = {a.gang for a in assignments}
+            book.charge(gang.queue, ask, preemptible=gang.preemptible)
+    admitted = set(per_gang)
     try:
         taken = take_back(
             snapshot,
@@ -260,6 +307,7 @@ def _take_back(
             settings,
             scorer,
             cycle=cycle,
+            budget=budget,
         )
     except Exception:  # taking back is an extra: its failure must not cost the placement
         log.exception("take_back_failed", cycle=cycle)
@@ -268,7 +316,10 @@ def _take_back(
         return taken
     # Room the held gangs use: their victims', and that of pods already terminating.
     evicted = _freed(taken)
-    violations = validate(snapshot, [*assignments, *taken.assignments], evicted=evicted)
+    # ``assignments`` passed the validator already: only their totals are counted again.
+    violations = validate(
+        snapshot, [*assignments, *taken.assignments], evicted=evicted, checked=len(assignments)
+    )
     violations += validate_evictions(
         snapshot,
         problem.report,

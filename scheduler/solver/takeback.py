@@ -31,6 +31,7 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import structlog
@@ -46,7 +47,7 @@ from scheduler.framework.scoring import NodeScorer
 from scheduler.solver.greedy import GangRequest, place_gangs, pod_size, shape_key
 from scheduler.solver.placement import EvictAction, Eviction, PlacementSettings, PodAssignment
 from scheduler.solver.queues import QueueBook
-from scheduler.solver.state import ClusterState
+from scheduler.solver.state import ClusterState, NodeSlot
 from scheduler.solver.victims import (
     Unit,
     action_for,
@@ -75,6 +76,9 @@ MAX_GREEDY_TRIES = 24
 #: Nodes in one gang's model at most (those with free room first, then those whose victims
 #: cost least per GPU freed).
 MAX_MODEL_NODES = 256
+
+#: The least time the stage gets in a cycle, whatever placement used of the cycle's budget.
+MIN_BUDGET_SECONDS = 0.2
 
 
 @dataclass
@@ -110,11 +114,16 @@ def take_back(
     scorer: NodeScorer | None = None,
     *,
     cycle: int | None = None,
+    budget: float | None = None,
 ) -> TakeBack:
     """Evict for the gangs of ``order`` not in ``admitted`` (see module docstring).
 
     ``state`` holds this cycle's placements and ``book`` their queue charges; both are
     updated with what this stage decides (victims released, gangs placed).
+
+    ``budget``: seconds this stage may spend on gangs (default: the settings' time limit,
+    at least :data:`MIN_BUDGET_SECONDS`); building the units is not counted. No gang is
+    started when less than half of what a gang took so far is left.
     """
     out = TakeBack()
     if not settings.take_back:
@@ -131,8 +140,12 @@ def take_back(
             state.release(p.uid)
             leaving[p.node_name].append(p.uid)
     units: list[Unit] | None = None  # built once the first gang may take back
+    cost: list[int] = []  # by unit id (see _costs)
     # The stage's own budget, like placement's (building the units is not counted).
-    deadline = time.perf_counter() + max(0.2, settings.time_limit_seconds)
+    deadline = time.perf_counter() + max(
+        MIN_BUDGET_SECONDS, settings.time_limit_seconds if budget is None else budget
+    )
+    per_gang: list[float] = []  # seconds each gang took: a gang not worth starting is not
     gangs = snapshot.gang_by_key
     taken: set[int] = set()  # units already evicted or moved this cycle
     taken_gangs: set[str] = set()
@@ -157,12 +170,14 @@ def take_back(
         if units is None:
             building = time.perf_counter()
             units = build_units(snapshot)
+            cost = _costs(units, now)
             deadline += time.perf_counter() - building
         if not units and not leaving:
             break
         tried += 1
-        left = deadline - time.perf_counter()
-        if left <= 0.01:
+        gang_started = time.perf_counter()
+        left = deadline - gang_started
+        if left <= 0.01 or (per_gang and left < 0.5 * sum(per_gang) / len(per_gang)):
             break
         if leaving and _hold_for_leaving(g, state, book, leaving, scorer, settings, out):
             admitted.add(g.key)
@@ -192,6 +207,7 @@ def take_back(
             snapshot,
             g,
             units,
+            cost,
             actions,
             movable,
             state,
@@ -202,6 +218,7 @@ def take_back(
             settings.workers,
             greedy_only=settings.greedy_only,
         )
+        per_gang.append(time.perf_counter() - gang_started)
         if found is None:
             out.refused[g.key] = "evicting what it may take would not make room"
             continue
@@ -306,16 +323,20 @@ def _held(state: ClusterState, u: Unit) -> dict[str, tuple[dict[str, int], dict[
     return out
 
 
-def _cost(u: Unit, now: float, ranks: Mapping[int, int], scale: int) -> int:
-    """Lexicographic eviction cost (see module docstring)."""
-    whole = (1 + ranks[u.priority]) * scale if u.whole else 0
-    return whole + u.work(now)
+def _costs(units: Sequence[Unit], now: float) -> list[int]:
+    """Lexicographic eviction cost of each unit, by unit id (see module docstring): a whole
+    gang costs more than all the work of every unit together, more the higher its priority
+    ranks among the units; then its work. One list per cycle, shared by every gang."""
+    ranks = {p: i for i, p in enumerate(sorted({u.priority for u in units}))}
+    scale = sum(u.work(now) for u in units) + 1
+    return [((1 + ranks[u.priority]) * scale if u.whole else 0) + u.work(now) for u in units]
 
 
 def _solve_one(
     snapshot: Snapshot,
     g: GangRequest,
     units: Sequence[Unit],
+    cost: Sequence[int],
     actions: Mapping[int, EvictAction],
     movable: Sequence[Unit],
     state: ClusterState,
@@ -327,7 +348,6 @@ def _solve_one(
     *,
     greedy_only: bool = False,
 ) -> _Choice | None:
-    now = snapshot.now
     shapes = _group(g.required)
     reps = [pods[0] for pods in shapes.values()]
     # Nodes: those that accept some pod of the gang and have room or host a candidate.
@@ -355,10 +375,6 @@ def _solve_one(
         (n for n in roomy if n not in victim_nodes),
         key=lambda n: (-sum(state.nodes[n].gpu_free), n),
     )
-    ranks = {p: i for i, p in enumerate(sorted({u.priority for u in units}))}
-    involved = {u.id: u for us in victim_nodes.values() for u in us}
-    scale = sum(u.work(now) for u in involved.values()) + 1
-    cost = {uid: _cost(u, now, ranks, scale) for uid, u in involved.items()}
     # Cheapest freed GPU first when the node set must be cut.
     ordered_victim_nodes = sorted(
         victim_nodes, key=lambda n: (min(cost[u.id] for u in victim_nodes[n]), n)
@@ -392,7 +408,7 @@ def _solve_one(
     rooms = victim_rooms(
         [units[i] for i in actions], actions, g, snapshot.queue_tree, book.report, book.charged
     )
-    hint = _greedy_choice(snapshot, g, units, actions, state, pdb_used, rooms, accepting)
+    hint = _greedy_choice(snapshot, g, units, cost, actions, state, pdb_used, rooms, accepting)
     if hint is not None:
         hint.floor = floor
     if greedy_only:
@@ -541,7 +557,7 @@ def _solve_one(
     return hint
 
 
-def _total(choice: _Choice, cost: Mapping[int, int]) -> int:
+def _total(choice: _Choice, cost: Sequence[int]) -> int:
     return sum(cost[u] for u in (*choice.evict, *choice.move))
 
 
@@ -565,10 +581,15 @@ def _min_milli_to_free(g: GangRequest, state: ClusterState, accepting: set[str])
         return 0
     k, pods = min(counts), len(counts)
     slots: list[int] = []
-    for n in accepting:
-        costs = sorted(GPU_MILLI - min(f, GPU_MILLI) for f in state.nodes[n].gpu_free)
+    # Nodes of one class have the same free devices: one answer per class, counted for as
+    # many of its nodes as the gang accepts (at most ``pods`` of them can matter).
+    for key, names in state.classes.items():
+        copies = min(pods, len(names.keys() & accepting))
+        if not copies:
+            continue
+        costs = sorted(GPU_MILLI - min(f, GPU_MILLI) for f in key[2])
         for c in range(min(len(costs) // k, pods)):
-            slots.append(sum(costs[c * k : (c + 1) * k]))
+            slots += [sum(costs[c * k : (c + 1) * k])] * copies
     return sum(sorted(slots)[:pods]) if len(slots) >= pods else sum(slots)
 
 
@@ -584,12 +605,21 @@ class _Need:
         self.state, self.accepting = state, accepting
         self.per_node: dict[str, tuple[int, int]] = {}
         self.total_devices = self.total_cpu = self.roomy = 0
-        for n in accepting:
-            self._add(n)
+        # One row per node class (its members have the same free state).
+        for names in state.classes.values():
+            members = names.keys() & accepting
+            if members:
+                row = self._row(state.nodes[next(iter(members))])
+                for n in members:
+                    self._count(row, 1)
+                    self.per_node[n] = row
+
+    @staticmethod
+    def _row(slot: NodeSlot) -> tuple[int, int]:
+        return sum(1 for f in slot.gpu_free if f >= GPU_MILLI), slot.free.get(CPU, 0)
 
     def _add(self, n: str) -> None:
-        slot = self.state.nodes[n]
-        row = (sum(1 for f in slot.gpu_free if f >= GPU_MILLI), slot.free.get(CPU, 0))
+        row = self._row(self.state.nodes[n])
         self._count(row, 1)
         self.per_node[n] = row
 
@@ -598,7 +628,7 @@ class _Need:
         self.total_cpu += sign * row[1]
         self.roomy += sign * (row[0] >= self.largest)
 
-    def changed(self, nodes: set[str]) -> None:
+    def changed(self, nodes: AbstractSet[str]) -> None:
         """Re-read the given nodes after pods were released or given back there."""
         for n in nodes & self.accepting:
             self._count(self.per_node.pop(n), -1)
@@ -622,7 +652,7 @@ class _Need:
 def _node_order(
     useful: Sequence[int],
     units: Sequence[Unit],
-    cost: Mapping[int, int],
+    cost: Sequence[int],
     state: ClusterState,
     accepting: set[str],
 ) -> list[int]:
@@ -651,6 +681,8 @@ def _node_order(
             if i not in seen:
                 seen.add(i)
                 order.append(i)
+        if len(order) >= MAX_GREEDY_UNITS:  # as many as the other order offers
+            break
     return order
 
 
@@ -658,6 +690,7 @@ def _greedy_choice(
     snapshot: Snapshot,
     g: GangRequest,
     units: Sequence[Unit],
+    cost: Sequence[int],
     actions: Mapping[int, EvictAction],
     state: ClusterState,
     pdb_used: Mapping[str, int],
@@ -671,11 +704,7 @@ def _greedy_choice(
     Trying a placement costs a greedy pass, so it is tried only once the whole free GPUs (or
     CPU) on the nodes the gang accepts could hold it, and at most :data:`MAX_GREEDY_TRIES`
     times."""
-    now = snapshot.now
-    ranks = {p: i for i, p in enumerate(sorted({u.priority for u in units}))}
-    useful = [i for i in actions if units[i].nodes & accepting]
-    scale = sum(units[i].work(now) for i in useful) + 1
-    cost = {i: _cost(units[i], now, ranks, scale) for i in useful}
+    useful = [i for i in actions if not units[i].nodes.isdisjoint(accepting)]
 
     def in_order(order: Sequence[int]) -> _Choice | None:
         """The greedy for one order of the units."""
@@ -687,7 +716,6 @@ def _greedy_choice(
         spent: Counter[str] = Counter()
         gone: list[int] = []
         tries = 0
-        need = _Need(g, state, accepting)
 
         def fits() -> bool:
             nonlocal tries
@@ -756,6 +784,9 @@ def _greedy_choice(
             for i in list(reversed(gone)):
                 give_back(i)
 
+    # Kept up to date as units are taken and given back; each order gives back all it took,
+    # so one serves both.
+    need = _Need(g, state, accepting)
     best: _Choice | None = None
     # Two orders: cheapest units first (best when little room is needed), and node by node
     # (best when the gang needs whole nodes); the cheaper answer wins.

@@ -11,6 +11,7 @@ for non-preemptible gangs, against non-preemptible usage only.
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 
@@ -24,6 +25,8 @@ from scheduler.cluster.snapshot import Snapshot, bound_usage
 from scheduler.solver.placement import PodAssignment
 
 __all__ = ["validate"]
+
+_Usage = dict[str, dict[str, int]]
 
 
 def _expected_grant(pod: Pod, node_gpu_memory: int | None) -> tuple[int, int] | None:
@@ -45,14 +48,19 @@ def validate(
     assignments: Sequence[PodAssignment],
     *,
     evicted: Collection[str] = (),
+    checked: int = 0,
 ) -> list[str]:
     """Every rule the placement breaks, as messages naming pod/node/gang/queue (empty = ok).
 
     ``evicted``: uids of running pods this cycle evicts; what they hold counts as free (the
     gangs placed in their room are held until they are gone).
+
+    ``checked``: the first ``checked`` assignments already passed this function on the same
+    snapshot (without ``evicted``; evicting only frees room). Their per-pod rules are not
+    checked again; they still count for node, device, gang and queue totals.
     """
     out: list[str] = []
-    pods = {p.uid: p for p in snapshot.pods}
+    pods = snapshot.pod_by_uid
     nodes = snapshot.node_by_name
     # Usage only of the nodes this placement touches: the snapshot's own accounting on a
     # sub-snapshot, so a 5,000-node cycle does not pay for nodes it leaves alone.
@@ -77,7 +85,7 @@ def validate(
     seen: set[str] = set()
     placed: list[tuple[Pod, PodAssignment]] = []
     accepts: dict[tuple[object, ...], bool] = {}
-    for a in assignments:
+    for k, a in enumerate(assignments):
         pod = pods.get(a.pod_uid)
         if pod is None:
             out.append(f"pod {a.pod_key}: not in the snapshot")
@@ -86,6 +94,17 @@ def validate(
             out.append(f"pod {pod.key}: placed twice")
             continue
         seen.add(a.pod_uid)
+        if k < checked:
+            # Counted only (see ``checked``): the node exists, the grant is right.
+            for i, milli in a.gpu_grant:
+                device_take[(a.node, i)] += milli
+            row = added[a.node]
+            for r, v in pod.requests.items():
+                row[r] = row.get(r, 0) + v
+            added_pods[a.node] += 1
+            per_gang[pod.gang] += 1
+            placed.append((pod, a))
+            continue
         if not pod.pending:
             out.append(f"pod {pod.key}: is not pending (bound, finished or not ours)")
         if a.gang != pod.gang:
@@ -203,20 +222,26 @@ def _queue_violations(
             if any(s.limit != UNLIMITED or s.quota != UNLIMITED for _, s in rows):
                 bounded.add(q)
     relevant = {leaf for q in bounded for leaf in (q, *nx.descendants(tree.graph, q))}
-    by_leaf: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
-    np_by_leaf: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
-    for p in snapshot.pods if relevant else ():
-        if p.node_name is None or not p.managed or not p.active or p.uid in evicted:
-            continue
-        queue = _queue_of(snapshot, p)
-        if queue in relevant:
-            row = by_leaf[queue]
+    by_leaf: dict[str, dict[str, int]] = {}
+    np_by_leaf: dict[str, dict[str, int]] = {}
+    if relevant:
+        running, running_np = _running_usage(snapshot)
+        by_leaf = {q: dict(running[q]) for q in relevant if q in running}
+        np_by_leaf = {q: dict(running_np[q]) for q in relevant if q in running_np}
+        pods = snapshot.pod_by_uid
+        for uid in set(evicted):  # their usage is leaving
+            p = pods.get(uid)
+            if p is None or p.node_name is None or not p.managed or not p.active:
+                continue
+            queue = _queue_of(snapshot, p)
+            if queue not in by_leaf:
+                continue
             gang = snapshot.gang_by_key.get(p.gang)
-            np_row = np_by_leaf[queue] if gang is not None and not gang.preemptible else None
+            np_row = np_by_leaf.get(queue) if gang is not None and not gang.preemptible else None
             for r, v in pod_queue_usage(p).items():
-                row[r] += v
+                by_leaf[queue][r] -= v
                 if np_row is not None:
-                    np_row[r] += v
+                    np_row[r] -= v
     before = _up_the_tree(tree, by_leaf)
     before_np = _up_the_tree(tree, np_by_leaf)
     new: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
@@ -241,6 +266,34 @@ def _queue_violations(
                     f"({before_np[q][r] + use[r]} > {settings.quota})"
                 )
     return out
+
+
+#: The last snapshot's running usage (a cycle validates its snapshot more than once).
+_running_cache: tuple[weakref.ref[Snapshot], _Usage, _Usage] | None = None
+
+
+def _running_usage(snapshot: Snapshot) -> tuple[_Usage, _Usage]:
+    """Per leaf queue: what its bound active pods use, and the non-preemptible part of it.
+    Read-only; remembered for the last snapshot asked about."""
+    global _running_cache
+    cached = _running_cache
+    if cached is not None and cached[0]() is snapshot:
+        return cached[1], cached[2]
+    by_leaf: _Usage = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
+    np_by_leaf: _Usage = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
+    for p in snapshot.pods:
+        if p.node_name is None or not p.managed or not p.active:
+            continue
+        queue = _queue_of(snapshot, p)
+        row = by_leaf[queue]
+        gang = snapshot.gang_by_key.get(p.gang)
+        np_row = np_by_leaf[queue] if gang is not None and not gang.preemptible else None
+        for r, v in pod_queue_usage(p).items():
+            row[r] += v
+            if np_row is not None:
+                np_row[r] += v
+    _running_cache = (weakref.ref(snapshot), by_leaf, np_by_leaf)
+    return by_leaf, np_by_leaf
 
 
 def _up_the_tree(

@@ -58,7 +58,7 @@ def validate_evictions(
     """Every rule the evictions break (empty = ok). ``placed``: the cycle's plain placements;
     ``nominated``: placements of the gangs that wait for evictions."""
     out: list[str] = []
-    pods = {p.uid: p for p in snapshot.pods}
+    pods = snapshot.pod_by_uid
     gangs = snapshot.gang_by_key
     tree = snapshot.queue_tree
     now = snapshot.now

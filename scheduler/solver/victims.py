@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from scheduler.cluster.gang import Gang
 from scheduler.cluster.pod import Pod
@@ -66,18 +67,24 @@ class Unit:
     started: float
     usage: Mapping[str, int] = field(default_factory=dict)
 
-    @property
-    def nodes(self) -> set[str]:
-        """Nodes this unit's pods run on."""
-        return {p.node_name for p in self.pods if p.node_name}
+    @cached_property
+    def nodes(self) -> frozenset[str]:
+        """Nodes this unit's pods run on (asked for per unit and per gang: computed once)."""
+        return frozenset(p.node_name for p in self.pods if p.node_name)
 
     def work(self, now: float) -> int:
         """GPU-seconds (GPU tenths x seconds) of this unit, restart included; CPU-only units
         count CPU cores instead, so they are comparable within their kind."""
+        # Asked for every unit, for every gang of a cycle, at one ``now``: remember the last.
+        last = self.__dict__.get("_work")
+        if last is not None and last[0] == now:
+            return int(last[1])
         seconds = max(0.0, now - self.started) + RESTART_SECONDS
         gpu_tenths = self.usage.get("gpu", 0) // 100
         amount = gpu_tenths if gpu_tenths > 0 else max(1, self.usage.get("cpu", 0) // 1000)
-        return int(amount * seconds)
+        value = int(amount * seconds)
+        self.__dict__["_work"] = (now, value)
+        return value
 
 
 def dominant(ask: Mapping[str, int]) -> tuple[str, ...]:

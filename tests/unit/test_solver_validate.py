@@ -94,3 +94,18 @@ def test_bound_pod_and_double_placement_are_caught() -> None:
     )
     assert any("not pending" in v for v in got)
     assert any("placed twice" in v for v in got)
+
+
+def test_checked_prefix_is_counted_not_checked_again() -> None:
+    s = snap(make_gang("g", 1, queue="a", gpus=1), make_gang("h", 1, queue="a", gpus=1))
+    tainted = [assign("g-0", "tainted", ((0, 1000),))]
+    # Its own rules were checked by an earlier call: not reported again...
+    assert validate(s, tainted, checked=1) == []
+    assert any("taints" in v for v in validate(s, tainted))
+    # ...but what it takes still counts, and what follows is checked in full.
+    both = [assign("g-0", "n0", ((0, 1000),)), assign("h-0", "n0", ((0, 1000),))]
+    assert any("device 0 over capacity" in v for v in validate(s, both, checked=1))
+    late = [assign("g-0", "n0", ((0, 1000),)), assign("h-0", "off", ((1, 1000),))]
+    assert any("cordoned" in v for v in validate(s, late, checked=1))
+    twice = [assign("g-0", "n0", ((0, 1000),)), assign("g-0", "n0", ((1, 1000),))]
+    assert any("placed twice" in v for v in validate(s, twice, checked=1))
