@@ -94,16 +94,19 @@ class _Explainer:
         #: Leaf queue -> pods placed in it this cycle.
         self.placed_in: Counter[str] = Counter()
         by_uid = snapshot.pod_by_uid
+        # The same charges the solver's queue book made when it admitted the pods, summed
+        # per leaf queue first (a charge walks the queue's ancestors).
+        per_leaf: dict[tuple[str, bool], dict[str, int]] = defaultdict(dict)
         for a in assignments:
             pod = by_uid.get(a.pod_uid)
             if pod is None:
                 continue
             queue = pod_queue(snapshot, pod)
             self.placed_in[queue] += 1
-            # The same charge the solver's queue book made when it admitted the pod.
-            usage = pod_queue_usage(pod)
             gang = snapshot.gang_by_key.get(pod.gang)
             pinned = gang is not None and not gang.preemptible
+            add_usage(per_leaf[queue, pinned], pod_queue_usage(pod))
+        for (queue, pinned), usage in per_leaf.items():
             for q in self.tree.ancestors(queue) if queue in self.tree else [queue]:
                 add_usage(self.charged[q], usage)
                 if pinned:

@@ -67,8 +67,10 @@ log = structlog.get_logger(__name__)
 #: Units the cheapest-first greedy releases at most before it gives up.
 MAX_GREEDY_UNITS = 256
 
-#: Consolidation candidates in one gang's model at most (cheapest first).
-MAX_MODEL_MOVERS = 64
+#: Consolidation candidates in one gang's model at most (cheapest first). Each brings its
+#: pods' placement columns on every node of the model: at 5,000 nodes, 64 candidates made
+#: building the model take 0.6 s; a cycle moves at most ``consolidation_max_pods`` (16).
+MAX_MODEL_MOVERS = 24
 
 #: Greedy placement passes per gang while choosing victims (each is a full greedy pass).
 MAX_GREEDY_TRIES = 24
