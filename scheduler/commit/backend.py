@@ -44,7 +44,7 @@ from scheduler.commit.status import StatusPublisher, pod_ref
 from scheduler.commit.transaction import Assumer, GangCommit, assume_gang, bind_gang
 from scheduler.cycle import CommitResult
 from scheduler.fairness import FairShareReport
-from scheduler.k8s.errors import KubeError
+from scheduler.k8s.errors import KubeError, NotFound
 from scheduler.k8s.resources import PODGROUP
 from scheduler.k8s.writer import ObjectRef, Writer
 from scheduler.metrics import SchedulerMetrics
@@ -124,6 +124,8 @@ class LiveBackend:
         self._unpublished: dict[str, GangCommit] = {}
         #: Scheduled Events being sent for gangs whose binds finished.
         self._telling: set[asyncio.Task[Any]] = set()
+        #: Pod key -> the last status.nominatedNodeName write for it (they run in order).
+        self._nominated_writes: dict[str, asyncio.Task[None]] = {}
         #: Gangs whose binds are in flight (background tasks), by gang key.
         self._binding: dict[str, asyncio.Task[GangCommit]] = {}
         self._last: tuple[Snapshot, Placement, FairShareReport, int] | None = None
@@ -290,7 +292,40 @@ class LiveBackend:
             cycle=cycle,
         )
         self._tell_preemptor(nominated, "WaitingForEvictions", message)
+        self._mark_nominated(o.pods, held=True)
         return None
+
+    def _mark_nominated(self, pods: Sequence[PodAssignment], *, held: bool) -> None:
+        """Show (or clear) each held pod's node in its ``status.nominatedNodeName``, in the
+        background; a pod gone meanwhile needs nothing."""
+        for a in pods:
+            # One write at a time per pod, in order: a clear never lands before its set.
+            before = self._nominated_writes.get(a.pod_key)
+            task = asyncio.create_task(
+                self._write_nominated(before, a.pod_key, a.node if held else None),
+                name=f"nominated-{a.pod_key}",
+            )
+            self._nominated_writes[a.pod_key] = task
+            self._telling.add(task)
+            task.add_done_callback(functools.partial(self._nominated_written, a.pod_key))
+
+    def _nominated_written(self, key: str, task: asyncio.Task[None]) -> None:
+        self._telling.discard(task)
+        if self._nominated_writes.get(key) is task:
+            del self._nominated_writes[key]
+
+    async def _write_nominated(
+        self, before: asyncio.Task[None] | None, key: str, node: str | None
+    ) -> None:
+        if before is not None:
+            await asyncio.gather(before, return_exceptions=True)
+        namespace, _, name = key.partition("/")
+        try:
+            await self.writer.set_nominated_node(namespace, name, node)
+        except NotFound:
+            pass  # the pod is gone: nothing to show
+        except KubeError as e:
+            log.warning("nominated_node_not_written", pod=key, error=e.message)
 
     def _settle_nominations(self, pods: Mapping[str, Pod], cycle: int) -> int:
         """Bind the nominated gangs whose victims are gone, drop the ones that waited too
@@ -312,6 +347,7 @@ class LiveBackend:
                 self.cache.unnominate(uid, wake=bool(lost))
             if lost:
                 # A pod was deleted, recreated or bound meanwhile: place the gang again.
+                self._mark_nominated(nominated.outcome.pods, held=False)
                 log.warning(
                     "nomination_lost",
                     gang=nominated.gang,
@@ -362,6 +398,7 @@ class LiveBackend:
             cycle=cycle,
         )
         self._observe_nominations()
+        self._mark_nominated(nominated.outcome.pods, held=False)
         if tell:
             message = (
                 f"gave up the place held on {', '.join(nominated.nodes)}: {why}; "
@@ -430,14 +467,23 @@ class LiveBackend:
         implicit = {
             key for key in groups if (g := snapshot.gang_by_key.get(key)) is None or g.implicit
         }
+        takers = {
+            e.for_gang: g.queue
+            for e in wanted
+            if (g := snapshot.gang_by_key.get(e.for_gang)) is not None
+        }
         task = asyncio.create_task(
-            self._run_evictions(groups, implicit, cycle), name=f"evict-{cycle}"
+            self._run_evictions(groups, implicit, cycle, takers), name=f"evict-{cycle}"
         )
         self._evicting.add(task)
         task.add_done_callback(self._evictions_done)
 
     async def _run_evictions(
-        self, groups: Mapping[str, list[Eviction]], implicit: set[str], cycle: int
+        self,
+        groups: Mapping[str, list[Eviction]],
+        implicit: set[str],
+        cycle: int,
+        takers: Mapping[str, str],
     ) -> None:
         async def one(key: str, victims: list[Eviction]) -> None:
             result = await evict_gang(
@@ -448,6 +494,8 @@ class LiveBackend:
                 cycle=cycle,
                 podgroup_event=key not in implicit,
             )
+            if result.done:  # told on both queues' status
+                self.status.evicted(result.done, takers.get(result.done[0].for_gang))
             if not result.complete:
                 for nominated in self.nominations.waiting_on(result.not_done):
                     self._drop(nominated.gang, result.problem, cycle)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -34,6 +34,7 @@ from scheduler.cluster.node import GPU_MEMORY_LABEL
 from scheduler.cluster.pod import Pod, PodPhase
 from scheduler.cluster.queue import QUEUE_RESOURCES
 from scheduler.cluster.snapshot import Snapshot
+from scheduler.commit.evict import eviction_message
 from scheduler.commit.staleness import gang_progress
 from scheduler.commit.transaction import GangCommit
 from scheduler.fairness import FairShareReport
@@ -41,7 +42,7 @@ from scheduler.k8s.errors import KubeError, NotFound
 from scheduler.k8s.resources import PODGROUP, QUEUE
 from scheduler.k8s.writer import ObjectRef, Writer, now_rfc3339
 from scheduler.metrics import queue_units
-from scheduler.solver.placement import GangOutcome, PodAssignment
+from scheduler.solver.placement import EvictAction, Eviction, GangOutcome, PodAssignment
 
 if TYPE_CHECKING:
     from scheduler.commit.volcano import VolcanoStatus
@@ -83,11 +84,23 @@ def queue_status_body(report: FairShareReport, name: str) -> dict[str, Any]:
     )
     return {
         "allocated": {r: crd_quantity(r, q.allocated.get(r, 0)) for r in QUEUE_RESOURCES},
+        "allocatedNonPreemptible": {
+            r: crd_quantity(r, q.allocated_non_preemptible.get(r, 0)) for r in QUEUE_RESOURCES
+        },
         "requested": {r: crd_quantity(r, q.requested.get(r, 0)) for r in QUEUE_RESOURCES},
         "fairShare": {r: crd_quantity(r, q.fair_share.get(r, 0)) for r in QUEUE_RESOURCES},
         "childQueues": list(getattr(q, "children", ()) or ()),
         "conditions": [condition],
     }
+
+
+#: Queue condition reason per eviction action.
+_CONDITION_REASONS: dict[EvictAction, str] = {
+    "reclaim": "Reclaim",
+    "preempt": "Preempt",
+    "consolidate": "Consolidate",
+    "shrink": "Shrink",
+}
 
 
 def pod_ref(pod: Pod) -> ObjectRef:
@@ -231,6 +244,8 @@ class StatusPublisher:
         self._pod_message: dict[str, str] = {}
         self._podgroup: dict[str, dict[str, Any]] = {}
         self._queue: dict[str, dict[str, Any]] = {}
+        #: Queue -> condition type -> the latest eviction condition (see :meth:`evicted`).
+        self._taken: dict[str, dict[str, dict[str, Any]]] = {}
 
     async def _limited(self, call: Awaitable[Any], what: str) -> None:
         async with self._slots:
@@ -356,16 +371,54 @@ class StatusPublisher:
                 )
         return calls
 
+    def evicted(
+        self, done: Sequence[Eviction], for_queue: str | None, when: str | None = None
+    ) -> None:
+        """Pods of one victim gang were evicted for a gang of ``for_queue``: the victim's
+        queue gets condition ``LastEviction`` and the taker's ``LastTakeBack`` (reason: the
+        action), written with the next status pass. Both stay until a newer one replaces
+        them (kept by this replica only: a new leader starts without them)."""
+        if not done:
+            return
+        first = done[0]
+        when = when or now_rfc3339()
+        reason = _CONDITION_REASONS[first.action]
+        pods = f"{len(done)} pod{'s' if len(done) != 1 else ''}"
+        why = eviction_message(first)
+        self._taken.setdefault(first.queue, {})["LastEviction"] = {
+            "type": "LastEviction",
+            "status": "True",
+            "reason": reason,
+            "message": f"{pods} of gang {first.gang} evicted for gang {first.for_gang}"
+            + (f" (queue {for_queue})" if for_queue else "")
+            + f": {why}",
+            "lastTransitionTime": when,
+        }
+        if not for_queue:
+            return
+        self._taken.setdefault(for_queue, {})["LastTakeBack"] = {
+            "type": "LastTakeBack",
+            "status": "True",
+            "reason": reason,
+            "message": f"gang {first.for_gang} took the place of {pods} of gang {first.gang} "
+            f"(queue {first.queue}): {why}",
+            "lastTransitionTime": when,
+        }
+
     def _queues(
         self, snapshot: Snapshot, report: FairShareReport, skip: frozenset[str] = frozenset()
     ) -> list[Awaitable[None]]:
         calls: list[Awaitable[None]] = []
         live = {q.name for q in snapshot.queues}
         self._queue = {k: v for k, v in self._queue.items() if k in live}
+        self._taken = {k: v for k, v in self._taken.items() if k in live}
         for queue in snapshot.queues:
             if queue.name not in report.queues or queue.name in skip:
                 continue
             body = queue_status_body(report, queue.name)
+            taken = self._taken.get(queue.name)
+            if taken:
+                body["conditions"] += [taken[t] for t in sorted(taken)]
             if self._queue.get(queue.name) == body:
                 continue
             self._queue[queue.name] = body

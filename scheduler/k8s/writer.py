@@ -421,6 +421,18 @@ class Writer:
             )
         )
 
+    async def set_nominated_node(self, namespace: str, name: str, node: str | None) -> None:
+        """Set (or clear, with None) ``status.nominatedNodeName``: the node held for a pod
+        while the pods evicted for it terminate (as kube-scheduler marks its preemptors)."""
+        await self._retry(
+            lambda: self._request(
+                "PATCH",
+                POD.object_path(namespace, name, "status"),
+                body={"status": {"nominatedNodeName": node}},
+                content_type=STRATEGIC_MERGE_PATCH,
+            )
+        )
+
     async def set_unschedulable(self, namespace: str, name: str, message: str) -> None:
         """Set ``PodScheduled=False, reason=Unschedulable`` (what autoscalers look for)."""
         condition = {

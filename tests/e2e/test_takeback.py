@@ -24,6 +24,7 @@ from tests.e2e.scheduler_process import (
     SchedulerProcess,
     StartScheduler,
     kai_cluster,
+    kubectl_json,
     pod_manifest,
     run_tag,
     start_scheduler,
@@ -191,6 +192,20 @@ def test_two_queues_reclaim_to_fair_share_and_stop(
     evicted = {r["pod"] for r in sched.log_records() if r.get("event") == "evicted"}
     assert len(evicted) == 4
     _assert_devices_not_shared(kai_cluster.pods(namespace))
+
+    # Both queues say so in their status: the one reclaimed from and the one that took.
+    def condition(queue: str, kind: str) -> dict[str, Any] | None:
+        got = kubectl_json(kai_cluster.cp, "get", "queues.scheduling.run.ai", queue)
+        status = got.get("status") or {}
+        return next((c for c in status.get("conditions") or [] if c["type"] == kind), None)
+
+    lost = wait_for("LastEviction on a", lambda: condition(names["a"], "LastEviction"), logs=sched)
+    took = wait_for("LastTakeBack on b", lambda: condition(names["b"], "LastTakeBack"), logs=sched)
+    assert lost["reason"] == took["reason"] == "Reclaim"
+    assert f"queue {names['b']}" in lost["message"] and "below its fair share" in lost["message"]
+    assert f"queue {names['a']}" in took["message"]
+    status = kubectl_json(kai_cluster.cp, "get", "queues.scheduling.run.ai", names["a"])["status"]
+    assert status["allocatedNonPreemptible"]["gpu"] == 0  # train work is preemptible
 
 
 def test_disruption_budget_steers_reclaim_to_another_victim(

@@ -377,6 +377,8 @@ async def test_a_budget_that_allows_nothing_refuses_and_the_nomination_is_droppe
     assert urgent is not None and not urgent["spec"].get("nodeName")
     dropped = await event_with(api, namespace, "urgent", "NominationDropped")
     assert "keep-one" in dropped["message"] or "disruption budget" in dropped["message"]
+    # The node it was held on was shown, then cleared with the nomination.
+    assert not (urgent.get("status") or {}).get("nominatedNodeName"), urgent["status"]
 
 
 async def test_a_nominated_gang_is_bound_only_after_its_victims_are_gone(
@@ -424,6 +426,9 @@ async def test_a_nominated_gang_is_bound_only_after_its_victims_are_gone(
     pg = json.loads(await kubectl(cp, "get", "podgroup", "new", "-n", namespace, "-o", "json"))
     assert pg["status"]["phase"] == "Pending"
     assert pg["status"]["conditions"][0]["reason"] == "WaitingForEvictions"
+    for name in ("new-0", "new-1"):  # held on the node, as kube-scheduler shows preemptors
+        pod = await get_pod(api, namespace, name)
+        assert pod is not None and pod["status"].get("nominatedNodeName") == node, name
 
     # The cache has not heard of the deletions yet: victims terminating, gang held.
     held = {p.name: p for p in cache.snapshot().pods}

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from scheduler.cluster import Node, Queue, QueueResource, Resources, Snapshot
+from dataclasses import replace
+
+from scheduler.bench.synthetic import make_gang, make_node, make_queue
+from scheduler.cluster import Node, PodPhase, Queue, QueueResource, Resources, Snapshot
 from scheduler.commit.status import queue_status_body
 from scheduler.fairness import FairShareReport, compute_fair_shares
 
@@ -28,3 +31,19 @@ def test_queue_with_missing_parent_says_why() -> None:
     (condition,) = queue_status_body(report, "orphan")["conditions"]
     assert condition["status"] == "False" and condition["reason"] == "InvalidQueueTree"
     assert "spec.parentQueue" in condition["message"] and "nowhere" in condition["message"]
+
+
+def test_non_preemptible_part_of_allocated_is_reported() -> None:
+    queues = (make_queue("root"), make_queue("team", "root", gpu_quota=8))
+    gangs = [
+        make_gang("serve", 2, queue="team", gpus=1, priority=125),  # non-preemptible
+        make_gang("train", 1, queue="team", gpus=3),
+    ]
+    pods = tuple(replace(p, node_name="n0", phase=PodPhase.RUNNING) for _, ps in gangs for p in ps)
+    snap = Snapshot((make_node("n0", gpus=8),), pods, tuple(g for g, _ in gangs), queues)
+    body = queue_status_body(compute_fair_shares(snap), "team")
+    assert body["allocated"]["gpu"] == 5
+    assert body["allocatedNonPreemptible"]["gpu"] == 2
+    assert (
+        queue_status_body(compute_fair_shares(snap), "root")["allocatedNonPreemptible"]["gpu"] == 2
+    )
