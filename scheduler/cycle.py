@@ -9,6 +9,7 @@ CP-SAT releases the GIL, so the event loop keeps serving watches and probes mean
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -18,9 +19,9 @@ import structlog
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.fairness import FairShareReport, compute_fair_shares
 from scheduler.solver import solve
-from scheduler.solver.placement import Placement, PlacementSettings
+from scheduler.solver.placement import GangOutcome, Placement, PlacementSettings
 
-__all__ = ["Backend", "CommitResult", "CycleReport", "run_cycle"]
+__all__ = ["Backend", "CommitResult", "CycleReport", "run_cycle", "with_findings"]
 
 log = structlog.get_logger("scheduler.cycle")
 
@@ -70,7 +71,23 @@ class CycleReport:
 
 def _decide(snapshot: Snapshot, settings: PlacementSettings) -> tuple[FairShareReport, Placement]:
     report = compute_fair_shares(snapshot)
-    return report, solve(snapshot, settings, report)
+    return report, with_findings(snapshot, report, solve(snapshot, settings, report))
+
+
+def with_findings(snapshot: Snapshot, report: FairShareReport, placement: Placement) -> Placement:
+    """``placement`` with an outcome for every gang that waits for a reason found before
+    solving (``report.gang_findings``) but has no pending pod for the solver to report on: a
+    gang whose every waiting pod is gated. Its PodGroup then says ``SchedulingGated`` and
+    names the gates; its pods are left alone (the API server marks gated pods itself)."""
+    missing = [k for k in report.gang_findings if k not in placement.outcomes]
+    if not missing:
+        return placement
+    outcomes = dict(placement.outcomes)
+    for key in missing:
+        gang = snapshot.gang_by_key.get(key)
+        code, message = report.gang_findings[key]
+        outcomes[key] = GangOutcome(key, gang.queue if gang else "", False, (), code, message)
+    return dataclasses.replace(placement, outcomes=outcomes)
 
 
 async def run_cycle(backend: Backend, settings: PlacementSettings, number: int) -> CycleReport:

@@ -4,6 +4,7 @@
 - :mod:`.node`, :mod:`.pod`, :mod:`.gang`, :mod:`.queue` - the things being scheduled
 - :mod:`.selectors` - taints/tolerations, nodeSelector, required node affinity
 - :mod:`.podspec`, :mod:`.queuespec` - API objects (JSON form) to domain types
+- :mod:`.unsupported` - placement fields not evaluated yet (the pod waits, named); gates
 - :mod:`.snapshot` - the immutable per-cycle view, JSON round-trip
 """
 

@@ -91,6 +91,12 @@ class Pod:
     #: against the node like a bound pod, but is not bound yet (the commit binds it once
     #: the victims are gone).
     nominated: bool = False
+    #: Names of ``spec.schedulingGates``: the pod is neither scheduled nor pending work until
+    #: they are removed (see :mod:`scheduler.cluster.unsupported`).
+    scheduling_gates: tuple[str, ...] = ()
+    #: Placement rules of an unbound pod the scheduler does not evaluate yet (field paths,
+    #: :func:`scheduler.cluster.unsupported.unsupported_fields`): its gang waits, named.
+    unsupported: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -114,8 +120,25 @@ class Pod:
 
     @property
     def pending(self) -> bool:
-        """True for a managed pod that still waits for a node."""
-        return self.managed and not self.bound and self.active and not self.deleting
+        """True for a managed pod that still waits for a node (and is not gated)."""
+        return (
+            self.managed
+            and not self.bound
+            and self.active
+            and not self.deleting
+            and not self.scheduling_gates
+        )
+
+    @property
+    def gated(self) -> bool:
+        """True for a managed pod that would be pending but for its scheduling gates."""
+        return (
+            bool(self.scheduling_gates)
+            and self.managed
+            and not self.bound
+            and self.active
+            and not self.deleting
+        )
 
     def accepts(self, node: Node) -> bool:
         """True when taints, nodeSelector and required affinity allow ``node``."""

@@ -7,7 +7,9 @@ a limit gets that limit as its request, as the API server defaults it. Pod-level
 ``spec.resources.requests`` (Kubernetes 1.34+) win where set.
 
 Errors raise :class:`PodSpecError` naming the field and the fix, so the caller can put that on
-an Event and skip only this pod.
+an Event and skip only this pod. Placement rules the scheduler does not evaluate yet are no
+error: they are carried on the pod (:attr:`Pod.unsupported`) so it waits with a reason naming
+them, as gated pods carry their gates (:mod:`scheduler.cluster.unsupported`).
 
 Taking back (docs/taking-back.md): ``status.startTime`` (before the kubelet sets it: the bind
 time) becomes :attr:`Pod.start_time`;
@@ -34,6 +36,7 @@ from scheduler.cluster.selectors import (
     NodeSelectorTerm,
     Toleration,
 )
+from scheduler.cluster.unsupported import scheduling_gates, unsupported_fields
 
 __all__ = [
     "BUILD_PRIORITY",
@@ -221,12 +224,18 @@ def _affinity(spec: Mapping[str, Any]) -> tuple[NodeSelectorTerm, ...]:
                 )
             reqs.append(NodeSelectorRequirement(e.get("key", ""), op, tuple(e.get("values") or ())))
         # matchFields only supports metadata.name; model it as a label the node always has.
-        for e in term.get("matchFields") or []:
-            reqs.append(
-                NodeSelectorRequirement(
-                    "metadata.name", e.get("operator", "In"), tuple(e.get("values") or ())
+        # Another key is listed by unsupported_fields (the pod waits, named), not matched.
+        for j, e in enumerate(term.get("matchFields") or []):
+            if e.get("key") != "metadata.name":
+                continue
+            op = e.get("operator", "In")
+            if op not in _OPERATORS:
+                raise PodSpecError(
+                    f"spec.affinity.nodeAffinity.required.nodeSelectorTerms[{i}]"
+                    f".matchFields[{j}].operator",
+                    f"{op!r} is not one of {', '.join(_OPERATORS)}",
                 )
-            )
+            reqs.append(NodeSelectorRequirement("metadata.name", op, tuple(e.get("values") or ())))
         terms.append(NodeSelectorTerm(tuple(reqs)))
     return tuple(terms)
 
@@ -377,7 +386,10 @@ def pod_from_k8s(
     ``spec.queue`` overrides it later, when gangs are resolved. A managed pod
     without a PodGroup is checked with :func:`gang_hints` (same rule for bound pods as above).
     ``start_time`` is ``status.startTime``, else the bind time (``PodScheduled=True``'s
-    ``lastTransitionTime``), else 0.
+    ``lastTransitionTime``), else 0. A managed pod without a node also carries its
+    ``scheduling_gates`` and the placement rules it uses that are not supported yet
+    (``unsupported``, see :mod:`scheduler.cluster.unsupported`); a pod with ``spec.nodeName``
+    set (by us or by its author) is bound: it holds its node and is never placed again.
     """
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
@@ -401,6 +413,9 @@ def pod_from_k8s(
     group = next((annotations[a] for a in GANG_ANNOTATIONS if annotations.get(a)), None)
     if group is None and managed and (strict or not node_name):
         gang_hints(obj)  # the label and annotation of an implicit gang must be readable
+    waits = managed and not node_name
+    gates = scheduling_gates(spec) if waits else ()
+    unsupported = unsupported_fields(spec) if waits else ()
     phase_raw = status.get("phase") or "Pending"
     try:
         phase = PodPhase(phase_raw)
@@ -425,4 +440,6 @@ def pod_from_k8s(
         managed=managed,
         deleting=bool(meta.get("deletionTimestamp")),
         start_time=_start_time(status),
+        scheduling_gates=gates,
+        unsupported=unsupported,
     )

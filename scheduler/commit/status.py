@@ -37,6 +37,7 @@ from scheduler.cluster.snapshot import Snapshot
 from scheduler.commit.evict import eviction_message
 from scheduler.commit.staleness import gang_progress
 from scheduler.commit.transaction import GangCommit
+from scheduler.explain.codes import SCHEDULING_GATED
 from scheduler.fairness import FairShareReport
 from scheduler.k8s.errors import KubeError, NotFound
 from scheduler.k8s.resources import PODGROUP, QUEUE
@@ -156,7 +157,9 @@ def _podgroup_body(
     running = sum(1 for p in bound if p.phase == PodPhase.RUNNING)
     body: dict[str, Any] = {
         "running": running,
-        "pending": sum(1 for p in pods if p.pending or (p.bound and p.phase == PodPhase.PENDING)),
+        "pending": sum(
+            1 for p in pods if p.pending or p.gated or (p.bound and p.phase == PodPhase.PENDING)
+        ),
         "succeeded": sum(1 for p in pods if p.phase == PodPhase.SUCCEEDED),
         "failed": sum(1 for p in pods if p.phase == PodPhase.FAILED),
     }
@@ -186,6 +189,16 @@ def _podgroup_body(
             "status": "False",
             "reason": "Scheduled",
             "message": f"{counted}/{gang.min_member} pods placed",
+        }
+        body["schedulingConditions"] = []
+    elif outcome is not None and not outcome.placed and outcome.reason_code == SCHEDULING_GATED:
+        # Waiting for someone (Kueue, an operator) to lift the gates is not a failure.
+        body["phase"] = "Pending"
+        condition = {
+            "type": "Unschedulable",
+            "status": "False",
+            "reason": SCHEDULING_GATED,
+            "message": outcome.reason,
         }
         body["schedulingConditions"] = []
     elif outcome is not None and not outcome.placed:
@@ -302,9 +315,12 @@ class StatusPublisher:
             if outcome.placed:
                 continue
             message = _pod_message(snapshot, key, outcome)
+            # A gang waiting for a gate to be lifted would not fit better on a new node: no
+            # Unschedulable condition, which autoscalers act on; the Event still says why.
+            condition = outcome.reason_code != SCHEDULING_GATED
             for pod in snapshot.pods_by_gang.get(key, ()):
                 if pod.pending:
-                    calls.append(self._wait_reason(pod, message))
+                    calls.append(self._wait_reason(pod, message, condition=condition))
         pending_uids = {p.uid for p in snapshot.pods if p.pending}
         for uid in [u for u in self._pod_message if u not in pending_uids]:
             del self._pod_message[uid]
@@ -327,8 +343,8 @@ class StatusPublisher:
         if calls:
             await asyncio.gather(*calls)
 
-    async def _wait_reason(self, pod: Pod, message: str) -> None:
-        if self._pod_message.get(pod.uid) != message:
+    async def _wait_reason(self, pod: Pod, message: str, *, condition: bool = True) -> None:
+        if condition and self._pod_message.get(pod.uid) != message:
             self._pod_message[pod.uid] = message
             await self._limited(
                 self.writer.set_unschedulable(pod.namespace, pod.name, message), pod.key

@@ -18,6 +18,8 @@ from scheduler.explain.codes import (
     QUEUE_INVALID,
     QUEUE_LIMIT,
     QUEUE_MISSING,
+    SCHEDULING_GATED,
+    UNSUPPORTED_FIELD,
 )
 from scheduler.explain.reasons import explain_unplaced
 
@@ -35,5 +37,7 @@ __all__ = [
     "QUEUE_INVALID",
     "QUEUE_LIMIT",
     "QUEUE_MISSING",
+    "SCHEDULING_GATED",
+    "UNSUPPORTED_FIELD",
     "explain_unplaced",
 ]

@@ -1,13 +1,20 @@
 """Reason codes of an unplaced gang (the ``reason_code`` of a GangOutcome).
 
-The queue codes come from :mod:`scheduler.fairness`; they are repeated here so one import
+The queue codes and the pod codes found before solving (``UnsupportedField``,
+``SchedulingGated``) come from :mod:`scheduler.fairness`; they are repeated here so one import
 gives the whole list.
 """
 
 from __future__ import annotations
 
 from scheduler.fairness.admission import OVER_QUOTA, QUEUE_LIMIT
-from scheduler.fairness.findings import NON_LEAF_QUEUE, QUEUE_INVALID, QUEUE_MISSING
+from scheduler.fairness.findings import (
+    NON_LEAF_QUEUE,
+    QUEUE_INVALID,
+    QUEUE_MISSING,
+    SCHEDULING_GATED,
+    UNSUPPORTED_FIELD,
+)
 
 __all__ = [
     "ALL_CODES",
@@ -23,6 +30,8 @@ __all__ = [
     "QUEUE_INVALID",
     "QUEUE_LIMIT",
     "QUEUE_MISSING",
+    "SCHEDULING_GATED",
+    "UNSUPPORTED_FIELD",
 ]
 
 #: Fewer pods exist than the gang must place together.
@@ -44,6 +53,8 @@ ALL_CODES: tuple[str, ...] = (
     QUEUE_MISSING,
     QUEUE_INVALID,
     NON_LEAF_QUEUE,
+    UNSUPPORTED_FIELD,
+    SCHEDULING_GATED,
     GANG_INCOMPLETE,
     QUEUE_LIMIT,
     OVER_QUOTA,

@@ -6,6 +6,8 @@ queue usage). For each gang the first rule that applies wins:
 ====================== ===============================================================
 QueueMissing/Invalid,  the gang's queue cannot take jobs (see scheduler.fairness.findings)
 NonLeafQueue
+UnsupportedField       a pod uses a placement rule not supported yet (the field is named)
+SchedulingGated        too few of the gang's pods are free of scheduling gates
 GangIncomplete         fewer pods exist than the gang needs placed together
 QueueLimit             the gang's queue or an ancestor would pass its limit
 OverQuota              non-preemptible work may only use its queue's quota

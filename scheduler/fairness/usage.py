@@ -55,7 +55,9 @@ def pod_queue(snapshot: Snapshot, pod: Pod) -> str:
 def queue_usage(snapshot: Snapshot) -> QueueUsage:
     """Sum bound (active) and pending usage of the pods this scheduler manages, per queue.
 
-    Pods of other schedulers take node capacity but are not charged to any queue.
+    Pods of other schedulers take node capacity but are not charged to any queue. Pods that
+    cannot be placed whatever their queue's share - gated ones, and pending ones with a
+    placement rule that is not supported yet - ask for nothing.
     """
     allocated: defaultdict[str, dict[str, int]] = defaultdict(_zeros)
     pending: defaultdict[str, dict[str, int]] = defaultdict(_zeros)
@@ -66,7 +68,7 @@ def queue_usage(snapshot: Snapshot) -> QueueUsage:
             continue
         if pod.bound:
             into = allocated
-        elif pod.pending:
+        elif pod.pending and not pod.unsupported:
             into = pending
         else:
             continue

@@ -5,6 +5,10 @@ and PodGroups converted by :func:`scheduler.cluster.queuespec.gang_from_k8s`, ex
 live cache does, so a scenario means what the same objects would mean in a cluster. Jobs
 without a PodGroup get one implicit gang per pod.
 
+Placement rules the scheduler does not evaluate yet (``podAntiAffinity``, ``hostPort``, ...;
+see :mod:`scheduler.cluster.unsupported`) are kept on the pods: their gangs wait with reason
+``UnsupportedField``, as in a cluster. Scheduling gates are refused (nothing would remove them).
+
 A job with ``running`` is already running when the simulation starts: its pods are bound to the
 named nodes since ``startTime`` (zero or negative: before the start); their GPU devices are
 granted by :func:`scheduler.simulate.running.grant_running` once the nodes are known.
@@ -168,6 +172,12 @@ def _template(pods: Mapping[str, Any], path: str) -> dict[str, Any]:
         spec["nodeSelector"] = read_string_map(pods["nodeSelector"], f"{path}.nodeSelector")
     if pods.get("tolerations") is not None:
         spec["tolerations"] = read_list(pods["tolerations"], f"{path}.tolerations")
+    if spec.get("schedulingGates"):
+        raise ScenarioError(
+            f"{path}.template.spec.schedulingGates",
+            "nothing removes scheduling gates in a simulation, so these pods would never be "
+            "scheduled; remove spec.schedulingGates",
+        )
     if not spec.get("containers"):
         raise ScenarioError(
             f"{path}.template.spec.containers",

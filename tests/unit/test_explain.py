@@ -148,6 +148,29 @@ CASES = {
         "create it or fix spec.parentQueue)",
         queues=[*queues(), Queue("orphan", "nobody")],
     ),
+    "unsupported field": Case(
+        [node("n1")],
+        [
+            pod("job-0", "job", gpus=1),
+            pod("job-1", "job", gpus=1, unsupported=("spec.containers[0].ports[0].hostPort",)),
+        ],
+        "UnsupportedField",
+        "pod ns/job-1: spec.containers[0].ports[0].hostPort is not supported yet; the pod waits "
+        "(remove the hostPort, or expose the port through a Service - with hostNetwork: true "
+        "every containerPort counts as a hostPort)",
+        gangs={"job": (2, "team-a", True)},
+    ),
+    "scheduling gated": Case(
+        [node("n1")],
+        [
+            pod("job-0", "job", gpus=1),
+            pod("job-1", "job", gpus=1, scheduling_gates=("example.com/gate",)),
+        ],
+        "SchedulingGated",
+        "pod ns/job-1 has scheduling gates [example.com/gate]; it is scheduled once they are "
+        "removed (gang ns/job needs 2 pods placed together; 1 can be scheduled now)",
+        gangs={"job": (2, "team-a", True)},
+    ),
     "gang incomplete": Case(
         [node("n1")],
         [pod(f"job-{i}", "job", gpus=1) for i in range(3)],

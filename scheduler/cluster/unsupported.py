@@ -1,0 +1,178 @@
+"""Placement rules of a pod the scheduler does not evaluate yet, and its scheduling gates.
+
+The product's rule: a field that affects where a pod may run and is not implemented makes the
+pod wait with a reason that names it; it is never silently ignored (the pod would land where
+Kubernetes would never put it). :func:`unsupported_fields` lists such fields of a pod spec:
+
+- ``spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution`` and the same
+  of ``podAntiAffinity``;
+- ``spec.topologySpreadConstraints[i]`` with ``whenUnsatisfiable: DoNotSchedule`` (the
+  Kubernetes default);
+- ``hostPort`` of a container or init container port (with ``hostNetwork: true`` the API server
+  sets it to the ``containerPort``);
+- required node affinity ``matchFields`` on a key other than ``metadata.name`` (the only field
+  Kubernetes defines; the rest of node affinity, ``Gt``/``Lt`` included, is evaluated);
+- ``spec.resourceClaims`` (dynamic resource allocation: the claim would never be allocated).
+
+Preferences are not listed: ``preferredDuringSchedulingIgnoredDuringExecution`` pod (anti-)
+affinity and node affinity, and spread constraints with ``whenUnsatisfiable: ScheduleAnyway``,
+are not applied yet, which never makes a placement wrong. The topology of PersistentVolumeClaims
+is not honoured yet either and is not listed (docs/constraints.md says so).
+
+:func:`scheduling_gates` reads ``spec.schedulingGates``: a gated pod is not scheduled, and not
+pending work, until the gates are removed (Kubernetes' semantics; the API server itself marks
+it ``PodScheduled=False, reason=SchedulingGated`` and refuses to bind it).
+
+Both accept any input: malformed parts are skipped, never raised on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "POD_AFFINITY_REQUIRED",
+    "POD_ANTI_AFFINITY_REQUIRED",
+    "gated_message",
+    "scheduling_gates",
+    "unsupported_fields",
+    "unsupported_message",
+]
+
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+POD_AFFINITY_REQUIRED = f"spec.affinity.podAffinity.{_REQUIRED}"
+POD_ANTI_AFFINITY_REQUIRED = f"spec.affinity.podAntiAffinity.{_REQUIRED}"
+_NODE_TERMS = f"spec.affinity.nodeAffinity.{_REQUIRED}.nodeSelectorTerms"
+#: Fields listed by name in a message before "and N more".
+_SHOWN = 3
+
+#: (path prefix, what to do) per kind of field, in the order of :func:`unsupported_fields`.
+_FIXES: tuple[tuple[str, str], ...] = (
+    (POD_AFFINITY_REQUIRED, "remove the required pod affinity, or use a node selector/affinity"),
+    (
+        POD_ANTI_AFFINITY_REQUIRED,
+        "remove the required pod anti-affinity, or use a node selector/affinity",
+    ),
+    (
+        _NODE_TERMS,
+        "matchFields may only use metadata.name; select nodes by label with matchExpressions",
+    ),
+    (
+        "spec.topologySpreadConstraints",
+        "remove the constraint, or set whenUnsatisfiable: ScheduleAnyway, a preference not "
+        "applied yet",
+    ),
+    (
+        "spec.containers",
+        "remove the hostPort, or expose the port through a Service - with hostNetwork: true "
+        "every containerPort counts as a hostPort",
+    ),
+    (
+        "spec.initContainers",
+        "remove the hostPort, or expose the port through a Service - with hostNetwork: true "
+        "every containerPort counts as a hostPort",
+    ),
+    (
+        "spec.resourceClaims",
+        "dynamic resource allocation is not supported yet; ask for devices as extended "
+        "resources such as nvidia.com/gpu",
+    ),
+)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _node_affinity(affinity: Mapping[str, Any]) -> list[str]:
+    """``matchFields`` entries on another field than ``metadata.name``."""
+    required = _mapping(_mapping(affinity.get("nodeAffinity")).get(_REQUIRED))
+    out = []
+    for i, term in enumerate(_list(required.get("nodeSelectorTerms"))):
+        for j, e in enumerate(_list(_mapping(term).get("matchFields"))):
+            if _mapping(e).get("key") != "metadata.name":
+                out.append(f"{_NODE_TERMS}[{i}].matchFields[{j}]")
+    return out
+
+
+def unsupported_fields(spec: Any) -> tuple[str, ...]:
+    """Paths of the placement rules in pod ``spec`` the scheduler does not evaluate yet (see
+    the module docstring); empty when it can place the pod as Kubernetes would."""
+    spec = _mapping(spec)
+    out: list[str] = []
+    affinity = _mapping(spec.get("affinity"))
+    for kind, path in (
+        ("podAffinity", POD_AFFINITY_REQUIRED),
+        ("podAntiAffinity", POD_ANTI_AFFINITY_REQUIRED),
+    ):
+        if _list(_mapping(affinity.get(kind)).get(_REQUIRED)):
+            out.append(path)
+    out += _node_affinity(affinity)
+    for i, constraint in enumerate(_list(spec.get("topologySpreadConstraints"))):
+        # Unset means DoNotSchedule; anything but ScheduleAnyway is a hard rule to us.
+        if _mapping(constraint).get("whenUnsatisfiable") != "ScheduleAnyway":
+            out.append(f"spec.topologySpreadConstraints[{i}]")
+    for group in ("containers", "initContainers"):
+        for i, container in enumerate(_list(spec.get(group))):
+            for j, port in enumerate(_list(_mapping(container).get("ports"))):
+                if _mapping(port).get("hostPort"):
+                    out.append(f"spec.{group}[{i}].ports[{j}].hostPort")
+    if _list(spec.get("resourceClaims")):
+        out.append("spec.resourceClaims")
+    return tuple(out)
+
+
+def scheduling_gates(spec: Any) -> tuple[str, ...]:
+    """The names of ``spec.schedulingGates`` (empty when the pod is not gated)."""
+    gates = _list(_mapping(spec).get("schedulingGates"))
+    return tuple(str(_mapping(g).get("name") or "(unnamed)") for g in gates)
+
+
+def _shown(field: str) -> str:
+    if field.startswith("spec.topologySpreadConstraints"):
+        return f"{field} (whenUnsatisfiable: DoNotSchedule)"
+    return field
+
+
+def _names(items: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b, c and 2 more``."""
+    shown = list(items[:_SHOWN])
+    rest = len(items) - len(shown)
+    if rest:
+        return f"{', '.join(shown)} and {rest} more"
+    if len(shown) == 1:
+        return shown[0]
+    return f"{', '.join(shown[:-1])} and {shown[-1]}"
+
+
+def unsupported_message(pod_key: str, fields: Sequence[str]) -> str:
+    """What a pod with the :func:`unsupported_fields` ``fields`` shows while it waits."""
+    fixes: list[str] = []
+    for field in fields:
+        fix = next((f for prefix, f in _FIXES if field.startswith(prefix)), "remove it")
+        if fix not in fixes:
+            fixes.append(fix)
+    verb = "is" if len(fields) == 1 else "are"
+    return (
+        f"pod {pod_key}: {_names([_shown(f) for f in fields])} {verb} not supported yet; "
+        f"the pod waits ({'; '.join(fixes)})"
+    )
+
+
+def gated_message(gated: Sequence[tuple[str, tuple[str, ...]]]) -> str:
+    """What a gang waiting for its gated pods shows: ``gated`` holds (pod key, gate names)."""
+    gates = list(dict.fromkeys(g for _, names in gated for g in names))
+    if len(gated) == 1:
+        return (
+            f"pod {gated[0][0]} has scheduling gates [{', '.join(gates)}]; "
+            "it is scheduled once they are removed"
+        )
+    return (
+        f"pods {_names([k for k, _ in gated])} have scheduling gates [{', '.join(gates)}]; "
+        "they are scheduled once the gates are removed"
+    )

@@ -1,0 +1,171 @@
+"""Fields that affect placement, against the real control plane: scheduling gates, placement
+rules not supported yet, and pods whose author set ``spec.nodeName``.
+
+The product's rule: a field that affects placement and is not implemented makes the pod wait
+with a reason naming it; it is never silently ignored. Every test uses a fresh namespace and
+fresh nodes labelled with a per-test tag that its pods select.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+
+from tests.e2e.scheduler_process import (
+    KaiCluster,
+    StartScheduler,
+    bound_nodes,
+    kai_cluster,
+    pod_manifest,
+    run_tag,
+    start_scheduler,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+__all__ = ["kai_cluster", "start_scheduler"]  # fixtures used by this module
+
+ANTI_AFFINITY = "spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def _condition(pod: dict[str, Any], kind: str = "PodScheduled") -> dict[str, Any]:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return dict(c)
+    return {}
+
+
+def _pod(kai_cluster: KaiCluster, namespace: str, name: str) -> dict[str, Any]:
+    return next(p for p in kai_cluster.pods(namespace) if p["metadata"]["name"] == name)
+
+
+def _events(kai_cluster: KaiCluster, namespace: str, pod: str, reason: str) -> list[str]:
+    return [
+        str(e.get("message", ""))
+        for e in kai_cluster.events(namespace)
+        if e["involvedObject"].get("name") == pod and e.get("reason") == reason
+    ]
+
+
+def test_gated_pod_waits_until_its_gate_is_removed(
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
+    make_gpu_nodes: Any,
+) -> None:
+    tag = run_tag()
+    make_gpu_nodes(1, gpus=4, labels=tag)
+    sched = start_scheduler()
+    gated = pod_manifest("gated", gpus=1, node_selector=tag)
+    gated["spec"]["schedulingGates"] = [{"name": "example.com/gate"}]
+    plain = pod_manifest("plain", gpus=1, node_selector=tag)
+    kai_cluster.create(gated, plain, namespace=namespace)
+
+    # The ungated pod binds; cycles go by, and the gated one stays as the API server made it.
+    wait_for("plain bound", lambda: "plain" in bound_nodes(kai_cluster.pods(namespace)), logs=sched)
+    time.sleep(1.5)
+    pod = _pod(kai_cluster, namespace, "gated")
+    assert not pod["spec"].get("nodeName")
+    condition = _condition(pod)
+    assert (condition.get("status"), condition.get("reason")) == ("False", "SchedulingGated")
+    assert not _events(kai_cluster, namespace, "gated", "FailedScheduling")
+
+    kai_cluster.cp.kubectl(
+        "patch", "pod", "gated", "-n", namespace, "--type=json",
+        "-p", json.dumps([{"op": "remove", "path": "/spec/schedulingGates"}]),
+    )  # fmt: skip
+    wait_for(
+        "gated bound once its gate is removed",
+        lambda: "gated" in bound_nodes(kai_cluster.pods(namespace)),
+        logs=sched,
+    )
+    assert sched.running()
+
+
+def test_required_pod_anti_affinity_waits_with_a_reason_naming_it(
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
+    make_gpu_nodes: Any,
+) -> None:
+    tag = run_tag()
+    make_gpu_nodes(2, gpus=4, labels=tag)
+    sched = start_scheduler()
+    anti = pod_manifest("anti", gpus=1, node_selector=tag, labels={"app": "web"})
+    anti["spec"]["affinity"] = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchLabels": {"app": "web"}},
+                    "topologyKey": "kubernetes.io/hostname",
+                }
+            ]
+        }
+    }
+    plain = pod_manifest("plain", gpus=1, node_selector=tag)
+    kai_cluster.create(anti, plain, namespace=namespace)
+
+    def waiting_message() -> str | None:
+        c = _condition(_pod(kai_cluster, namespace, "anti"))
+        if c.get("status") == "False" and c.get("reason") == "Unschedulable":
+            return str(c.get("message", ""))
+        return None
+
+    message = wait_for("PodScheduled=False on anti", waiting_message, logs=sched)
+    assert message == (
+        f"pod {namespace}/anti: {ANTI_AFFINITY} is not supported yet; the pod waits (remove the "
+        "required pod anti-affinity, or use a node selector/affinity)"
+    )
+    events = wait_for(
+        "FailedScheduling on anti",
+        lambda: _events(kai_cluster, namespace, "anti", "FailedScheduling"),
+        logs=sched,
+    )
+    assert all(ANTI_AFFINITY in e for e in events), events
+    # Everything else keeps being scheduled; the pod itself is never bound.
+    wait_for("plain bound", lambda: "plain" in bound_nodes(kai_cluster.pods(namespace)), logs=sched)
+    time.sleep(1.0)
+    assert "anti" not in bound_nodes(kai_cluster.pods(namespace))
+    assert sched.running()
+
+
+def test_pod_with_node_name_set_by_its_author_is_left_alone_and_counted(
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
+    make_gpu_nodes: Any,
+) -> None:
+    tag = run_tag()
+    (node,) = make_gpu_nodes(1, gpus=8, labels=tag)
+    sched = start_scheduler()
+    pinned = pod_manifest("pinned", gpus=6)
+    pinned["spec"]["nodeName"] = node  # our schedulerName, but placed by its author
+    kai_cluster.create(pinned, namespace=namespace)
+    wait_for(
+        "pinned Running",
+        lambda: _pod(kai_cluster, namespace, "pinned")["status"].get("phase") == "Running",
+        logs=sched,
+    )
+    # 2 of the node's 8 GPUs are free: a 4-GPU pod waits, a 2-GPU pod binds.
+    big = pod_manifest("big", gpus=4, node_selector=tag)
+    small = pod_manifest("small", gpus=2, node_selector=tag)
+    kai_cluster.create(big, small, namespace=namespace)
+    wait_for("small bound", lambda: "small" in bound_nodes(kai_cluster.pods(namespace)), logs=sched)
+
+    def big_waiting() -> str | None:
+        c = _condition(_pod(kai_cluster, namespace, "big"))
+        return str(c.get("message")) if c.get("reason") == "Unschedulable" else None
+
+    message = wait_for("big waits", big_waiting, logs=sched)
+    assert "4 GPUs" in message, message
+    pods = kai_cluster.pods(namespace)
+    assert bound_nodes(pods) == {"pinned": node, "small": node}
+    # Never bound (nor told it was scheduled) by us, and no grant written for it.
+    assert not _events(kai_cluster, namespace, "pinned", "Scheduled")
+    assert not _events(kai_cluster, namespace, "pinned", "FailedScheduling")
+    pinned_now = _pod(kai_cluster, namespace, "pinned")
+    assert "kai.scheduler/gpu-grant" not in (pinned_now["metadata"].get("annotations") or {})
+    assert sched.running()

@@ -1,0 +1,523 @@
+"""Placement rules not evaluated yet make a pod wait, named; scheduling gates; pods whose
+author set ``spec.nodeName``.
+
+From the API object (parse -> finding) through the cache, fair share and solve (a gang with such
+a pod is left out and carries the reason; everything else is placed) to what the status writer
+does with it, and the simulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import structlog
+
+from scheduler.cache import Cache
+from scheduler.cluster import GPU, Snapshot
+from scheduler.cluster.podspec import PodSpecError, pod_from_k8s
+from scheduler.cluster.unsupported import (
+    POD_AFFINITY_REQUIRED,
+    POD_ANTI_AFFINITY_REQUIRED,
+    scheduling_gates,
+    unsupported_fields,
+    unsupported_message,
+)
+from scheduler.commit.status import StatusPublisher
+from scheduler.cycle import with_findings
+from scheduler.fairness import compute_fair_shares
+from scheduler.simulate.engine import simulate
+from scheduler.simulate.report import gang_summaries
+from scheduler.simulate.scenario import ScenarioError, parse_scenario
+from scheduler.solver import solve
+from scheduler.solver.placement import Placement, PlacementSettings
+
+SCHED = "kai-scheduler"
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+TERM = {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}
+NODE_TERMS = f"spec.affinity.nodeAffinity.{REQUIRED}.nodeSelectorTerms"
+SETTINGS = PlacementSettings(time_limit_seconds=0.3, workers=1)
+
+
+def k8s_pod(
+    name: str = "p",
+    *,
+    gpus: int = 0,
+    spec: dict[str, Any] | None = None,
+    group: str | None = None,
+    node_name: str | None = None,
+    scheduler: str = SCHED,
+    phase: str = "Pending",
+) -> dict[str, Any]:
+    requests: dict[str, str] = {"cpu": "1"}
+    if gpus:
+        requests[GPU] = str(gpus)
+    body: dict[str, Any] = {
+        "schedulerName": scheduler,
+        "containers": [{"name": "c", "resources": {"requests": requests}}],
+        **(spec or {}),
+    }
+    if node_name:
+        body["nodeName"] = node_name
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "annotations": {"pod-group-name": group} if group else {},
+            "labels": {"kai.scheduler/queue": "q"},
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": body,
+        "status": {"phase": phase},
+    }
+
+
+def k8s_node(name: str, gpus: int = 8) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "uid": f"uid-{name}", "labels": {"zone": "a"}},
+        "spec": {},
+        "status": {
+            "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110", GPU: str(gpus)},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def k8s_podgroup(name: str, min_member: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-pg-{name}"},
+        "spec": {"minMember": min_member, "queue": "q"},
+    }
+
+
+def fields_of(spec: dict[str, Any], **kw: Any) -> tuple[str, ...]:
+    pod = pod_from_k8s(k8s_pod(spec=spec, **kw), scheduler_name=SCHED, default_queue="q")
+    return pod.unsupported
+
+
+# --- parse -> finding -------------------------------------------------------------------
+
+
+def node_terms(*terms: Any) -> dict[str, Any]:
+    """A pod spec fragment with required node affinity of ``terms``."""
+    return {"affinity": {"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": list(terms)}}}}
+
+
+HOST_PORT = {"name": "c", "ports": [{"containerPort": 80}, {"containerPort": 8080, "hostPort": 80}]}
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({"affinity": {"podAffinity": {REQUIRED: [TERM]}}}, POD_AFFINITY_REQUIRED),
+        ({"affinity": {"podAntiAffinity": {REQUIRED: [TERM]}}}, POD_ANTI_AFFINITY_REQUIRED),
+        (
+            {"topologySpreadConstraints": [{"maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule"}]},
+            "spec.topologySpreadConstraints[0]",
+        ),
+        # Unset is Kubernetes' default, DoNotSchedule.
+        ({"topologySpreadConstraints": [{"maxSkew": 1}]}, "spec.topologySpreadConstraints[0]"),
+        ({"containers": [HOST_PORT]}, "spec.containers[0].ports[1].hostPort"),
+        (
+            {"initContainers": [{"name": "i", "ports": [{"containerPort": 1, "hostPort": 9}]}]},
+            "spec.initContainers[0].ports[0].hostPort",
+        ),
+        (
+            node_terms({"matchFields": [{"key": "spec.unschedulable", "values": ["false"]}]}),
+            f"{NODE_TERMS}[0].matchFields[0]",
+        ),
+        ({"resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}]}, "spec.resourceClaims"),
+    ],
+    ids=[
+        "podAffinity",
+        "podAntiAffinity",
+        "spread-DoNotSchedule",
+        "spread-default",
+        "hostPort",
+        "initContainer-hostPort",
+        "matchFields-key",
+        "resourceClaims",
+    ],
+)
+def test_each_unsupported_field_is_found_and_named(spec: dict[str, Any], expected: str) -> None:
+    assert fields_of(spec) == (expected,)
+    message = unsupported_message("ns/p", (expected,))
+    assert message.startswith(f"pod ns/p: {expected}")
+    assert "is not supported yet; the pod waits (" in message
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"affinity": {"podAffinity": {PREFERRED: [{"weight": 1, "podAffinityTerm": TERM}]}}},
+        {"affinity": {"podAntiAffinity": {PREFERRED: [{"weight": 1, "podAffinityTerm": TERM}]}}},
+        {"affinity": {"podAntiAffinity": {REQUIRED: []}}},  # empty: no rule
+        {"affinity": {"nodeAffinity": {PREFERRED: [{"weight": 1, "preference": {}}]}}},
+        {"topologySpreadConstraints": [{"maxSkew": 1, "whenUnsatisfiable": "ScheduleAnyway"}]},
+        {"containers": [{"name": "c", "ports": [{"containerPort": 80, "hostPort": 0}]}]},
+        node_terms(
+            {
+                "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}],
+                "matchExpressions": [{"key": "rank", "operator": "Gt", "values": ["2"]}],
+            }
+        ),
+        {"volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]},
+    ],
+    ids=[
+        "preferred-podAffinity",
+        "preferred-podAntiAffinity",
+        "empty-required",
+        "preferred-nodeAffinity",
+        "spread-ScheduleAnyway",
+        "hostPort-0",
+        "matchFields-name-and-Gt",
+        "pvc",
+    ],
+)
+def test_preferences_and_supported_forms_do_not_make_a_pod_wait(spec: dict[str, Any]) -> None:
+    assert fields_of(spec) == ()
+
+
+def test_match_fields_on_another_key_is_not_read_as_the_node_name() -> None:
+    other = {"key": "spec.unschedulable", "operator": "In", "values": ["n1"]}
+    name = {"key": "metadata.name", "operator": "In", "values": ["n1"]}
+    obj = k8s_pod(spec=node_terms({"matchFields": [other, name]}))
+    pod = pod_from_k8s(obj, scheduler_name=SCHED, default_queue="q")
+    (term,) = pod.affinity
+    assert [(r.key, r.values) for r in term.requirements] == [("metadata.name", ("n1",))]
+    bad = k8s_pod(spec=node_terms({"matchFields": [{**name, "operator": "Near"}]}))
+    with pytest.raises(PodSpecError) as err:
+        pod_from_k8s(bad, scheduler_name=SCHED, default_queue="q")
+    assert err.value.field.endswith("nodeSelectorTerms[0].matchFields[0].operator")
+
+
+def test_bound_and_foreign_pods_carry_no_findings() -> None:
+    spec = {
+        "affinity": {"podAntiAffinity": {REQUIRED: [TERM]}},
+        "schedulingGates": [{"name": "g"}],
+    }
+    assert fields_of(spec, node_name="n1") == ()
+    assert fields_of(spec, scheduler="default-scheduler") == ()
+    assert fields_of(spec) == (POD_ANTI_AFFINITY_REQUIRED,)
+
+
+def test_several_fields_are_listed_with_each_fix_once() -> None:
+    spec = {
+        "affinity": {"podAntiAffinity": {REQUIRED: [TERM]}},
+        "containers": [HOST_PORT, {"name": "d", "ports": [{"containerPort": 1, "hostPort": 2}]}],
+        "topologySpreadConstraints": [{"maxSkew": 1}],
+    }
+    fields = fields_of(spec)
+    assert fields == (
+        POD_ANTI_AFFINITY_REQUIRED,
+        "spec.topologySpreadConstraints[0]",
+        "spec.containers[0].ports[1].hostPort",
+        "spec.containers[1].ports[0].hostPort",
+    )
+    message = unsupported_message("ns/p", fields)
+    assert message == (
+        f"pod ns/p: {POD_ANTI_AFFINITY_REQUIRED}, spec.topologySpreadConstraints[0] "
+        "(whenUnsatisfiable: DoNotSchedule), spec.containers[0].ports[1].hostPort and 1 more "
+        "are not supported yet; the pod waits (remove the required pod anti-affinity, or use a "
+        "node selector/affinity; remove the constraint, or set whenUnsatisfiable: "
+        "ScheduleAnyway, a preference not applied yet; remove the hostPort, or expose the port "
+        "through a Service - with hostNetwork: true every containerPort counts as a hostPort)"
+    )
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        None,
+        [],
+        "x",
+        {"affinity": "x"},
+        {"affinity": {"podAntiAffinity": ["x"]}},
+        node_terms("x", {"matchFields": 3}),
+        {"containers": [None, "c", {"ports": "80"}, {"ports": [None, 5]}]},
+        {"topologySpreadConstraints": "x", "schedulingGates": [None, "g"]},
+    ],
+)
+def test_bad_input_never_raises(spec: Any) -> None:
+    assert isinstance(unsupported_fields(spec), tuple)
+    assert isinstance(scheduling_gates(spec), tuple)
+
+
+def test_scheduling_gates_are_read() -> None:
+    spec = {"schedulingGates": [{"name": "example.com/a"}, {"name": "example.com/b"}]}
+    pod = pod_from_k8s(k8s_pod(spec=spec), scheduler_name=SCHED, default_queue="q")
+    assert pod.scheduling_gates == ("example.com/a", "example.com/b")
+    assert pod.gated and not pod.pending
+    assert pod_from_k8s(k8s_pod(), scheduler_name=SCHED, default_queue="q").scheduling_gates == ()
+
+
+def test_snapshot_round_trips_the_new_fields() -> None:
+    spec = {"affinity": {"podAntiAffinity": {REQUIRED: [TERM]}}, "schedulingGates": [{"name": "g"}]}
+    pod = pod_from_k8s(k8s_pod(spec=spec), scheduler_name=SCHED, default_queue="q")
+    snap = Snapshot(pods=(pod,))
+    assert Snapshot.from_json(snap.to_json()).pods == (pod,)
+
+
+# --- through the cache, fair share and solve ---------------------------------------------
+
+
+def cluster(*objs: tuple[str, dict[str, Any]], gpus: int = 8) -> Cache:
+    cache = Cache(SCHED, "q", lambda: 1000.0)
+    cache.apply("Node", "ADDED", k8s_node("n1", gpus))
+    cache.apply("Queue", "ADDED", {"metadata": {"name": "q", "uid": "uid-q"}, "spec": {}})
+    for kind, obj in objs:
+        cache.apply(kind, "ADDED", obj)
+    return cache
+
+
+def decide(cache: Cache) -> tuple[Snapshot, Placement, dict[str, Any]]:
+    snap = cache.snapshot()
+    report = compute_fair_shares(snap)
+    placement = with_findings(snap, report, solve(snap, SETTINGS, report))
+    return snap, placement, report.queues["q"].requested
+
+
+def placed_pods(placement: Placement) -> set[str]:
+    return {a.pod_key for a in placement.assignments}
+
+
+ANTI = {"affinity": {"podAntiAffinity": {REQUIRED: [TERM]}}}
+
+
+def test_a_pod_with_an_unsupported_field_waits_named_and_others_run() -> None:
+    cache = cluster(
+        ("Pod", k8s_pod("anti", gpus=1, spec=ANTI)),
+        ("Pod", k8s_pod("plain", gpus=1)),
+    )
+    snap, placement, requested = decide(cache)
+    assert placed_pods(placement) == {"ns/plain"}
+    outcome = placement.outcomes["ns/anti"]
+    assert not outcome.placed and outcome.reason_code == "UnsupportedField"
+    assert outcome.reason == (
+        f"pod ns/anti: {POD_ANTI_AFFINITY_REQUIRED} is not supported yet; the pod waits "
+        "(remove the required pod anti-affinity, or use a node selector/affinity)"
+    )
+    # It still waits (PodScheduled=False with that message), but asks its queue for nothing.
+    assert snap.pod_by_uid["uid-anti"].pending
+    assert requested["gpu"] == 1000  # only "plain"
+    assert cache.problems() == []
+
+
+def test_one_such_pod_keeps_its_whole_gang_out() -> None:
+    cache = cluster(
+        ("PodGroup", k8s_podgroup("train", 2)),
+        ("Pod", k8s_pod("train-0", gpus=1, group="train")),
+        ("Pod", k8s_pod("train-1", gpus=1, group="train", spec={"containers": [HOST_PORT]})),
+    )
+    _, placement, _ = decide(cache)
+    assert placement.assignments == ()
+    outcome = placement.outcomes["ns/train"]
+    assert outcome.reason_code == "UnsupportedField"
+    assert outcome.reason.startswith("pod ns/train-1: spec.containers[0].ports[1].hostPort is")
+
+
+def test_preferred_forms_are_placed() -> None:
+    spec = {
+        "affinity": {
+            "podAntiAffinity": {PREFERRED: [{"weight": 1, "podAffinityTerm": TERM}]},
+            "nodeAffinity": {PREFERRED: [{"weight": 1, "preference": {}}]},
+        },
+        "topologySpreadConstraints": [{"maxSkew": 1, "whenUnsatisfiable": "ScheduleAnyway"}],
+    }
+    _, placement, _ = decide(cluster(("Pod", k8s_pod("pref", gpus=1, spec=spec))))
+    assert placed_pods(placement) == {"ns/pref"}
+
+
+GATE = {"schedulingGates": [{"name": "example.com/gate"}]}
+
+
+def test_a_gated_pod_is_not_pending_work_until_its_gates_go() -> None:
+    cache = cluster(("Pod", k8s_pod("gated", gpus=2, spec=GATE)))
+    snap, placement, requested = decide(cache)
+    pod = snap.pod_by_uid["uid-gated"]
+    assert pod.gated and not pod.pending
+    assert placement.assignments == ()
+    assert requested["gpu"] == 0
+    outcome = placement.outcomes["ns/gated"]
+    assert (outcome.placed, outcome.reason_code) == (False, "SchedulingGated")
+    assert outcome.reason == (
+        "pod ns/gated has scheduling gates [example.com/gate]; it is scheduled once they are "
+        "removed"
+    )
+    # The gates are removed (a pod UPDATE): it wakes the loop and is placed.
+    cache.pending_changed.clear()
+    cache.apply("Pod", "MODIFIED", k8s_pod("gated", gpus=2))
+    assert cache.pending_changed.is_set()
+    _, placement, requested = decide(cache)
+    assert placed_pods(placement) == {"ns/gated"} and placement.outcomes["ns/gated"].placed
+    assert requested["gpu"] == 2000
+
+
+def test_a_gang_with_too_few_ungated_pods_waits_with_the_gates_named() -> None:
+    objs = [
+        ("PodGroup", k8s_podgroup("train", 2)),
+        ("Pod", k8s_pod("train-0", gpus=1, group="train")),
+        ("Pod", k8s_pod("train-1", gpus=1, group="train", spec=GATE)),
+    ]
+    cache = cluster(*objs)
+    _, placement, requested = decide(cache)
+    assert placement.assignments == ()
+    outcome = placement.outcomes["ns/train"]
+    assert outcome.reason_code == "SchedulingGated"
+    assert outcome.reason == (
+        "pod ns/train-1 has scheduling gates [example.com/gate]; it is scheduled once they are "
+        "removed (gang ns/train needs 2 pods placed together; 1 can be scheduled now)"
+    )
+    assert requested["gpu"] == 1000  # the gated member asks for nothing yet
+    cache.apply("Pod", "MODIFIED", k8s_pod("train-1", gpus=1, group="train"))
+    _, placement, _ = decide(cache)
+    assert placed_pods(placement) == {"ns/train-0", "ns/train-1"}
+
+
+def test_gated_extras_do_not_hold_back_a_gang_that_has_enough() -> None:
+    cache = cluster(
+        ("PodGroup", k8s_podgroup("elastic", 1)),
+        ("Pod", k8s_pod("elastic-0", gpus=1, group="elastic")),
+        ("Pod", k8s_pod("elastic-1", gpus=1, group="elastic", spec=GATE)),
+    )
+    _, placement, _ = decide(cache)
+    assert placed_pods(placement) == {"ns/elastic-0"}
+    assert placement.outcomes["ns/elastic"].placed
+
+
+def test_a_fully_gated_podgroup_says_so_and_its_pods_are_left_alone() -> None:
+    """The status writer: the PodGroup gets the reason (Pending, not Unschedulable); no pod
+    gets Unschedulable (the API server's PodScheduled=False/SchedulingGated stays on gated
+    pods; the ungated member of a waiting gang gets the Event only)."""
+
+    class Writer:
+        def __init__(self) -> None:
+            self.unschedulable: dict[str, str] = {}
+            self.podgroups: dict[str, dict[str, Any]] = {}
+            self.events: dict[str, str] = {}
+
+        async def set_unschedulable(self, namespace: str, name: str, message: str) -> None:
+            self.unschedulable[f"{namespace}/{name}"] = message
+
+        async def patch_podgroup_status(
+            self, namespace: str, name: str, status: dict[str, Any]
+        ) -> None:
+            self.podgroups[f"{namespace}/{name}"] = status
+
+        async def patch_queue_status(self, name: str, status: dict[str, Any]) -> None:
+            pass
+
+        async def event(self, ref: Any, reason: str, message: str, **kwargs: Any) -> bool:
+            if reason == "FailedScheduling":
+                self.events[f"{ref.namespace}/{ref.name}"] = message
+            return True
+
+    cache = cluster(
+        ("PodGroup", k8s_podgroup("all", 2)),
+        *(("Pod", k8s_pod(f"all-{i}", gpus=1, group="all", spec=GATE)) for i in range(2)),
+        ("PodGroup", k8s_podgroup("half", 2)),
+        ("Pod", k8s_pod("half-0", gpus=1, group="half")),
+        ("Pod", k8s_pod("half-1", gpus=1, group="half", spec=GATE)),
+    )
+    snap = cache.snapshot()
+    report = compute_fair_shares(snap)
+    placement = with_findings(snap, report, solve(snap, SETTINGS, report))
+    writer = Writer()
+    publisher = StatusPublisher(writer)  # type: ignore[arg-type]
+    asyncio.run(publisher.publish(snap, placement.outcomes, {}, report, []))
+    # Not even the ungated member: a new node would not help it (autoscalers read that
+    # condition); its FailedScheduling Event says why.
+    assert writer.unschedulable == {}
+    assert "half-1 has scheduling gates" in writer.events["ns/half-0"]
+    assert writer.podgroups["ns/all"]["phase"] == "Pending"  # waiting, not failing
+    assert writer.podgroups["ns/all"]["pending"] == 2
+    condition = writer.podgroups["ns/all"]["conditions"][0]
+    assert (condition["status"], condition["reason"]) == ("False", "SchedulingGated")
+    assert condition["message"] == (
+        "pods ns/all-0 and ns/all-1 have scheduling gates [example.com/gate]; they are "
+        "scheduled once the gates are removed (gang ns/all needs 2 pods placed together; 0 can "
+        "be scheduled now)"
+    )
+
+
+def test_unsupported_field_wins_over_gates_and_is_told_early() -> None:
+    spec = {**GATE, **ANTI}
+    cache = cluster(("Pod", k8s_pod("both", gpus=1, spec=spec)))
+    _, placement, _ = decide(cache)
+    assert placement.outcomes["ns/both"].reason_code == "UnsupportedField"
+
+
+def test_a_pod_whose_author_set_node_name_is_counted_there_and_never_bound() -> None:
+    cache = cluster(
+        ("Pod", k8s_pod("pinned", gpus=6, node_name="n1")),  # kubelet has not started it yet
+        ("Pod", k8s_pod("big", gpus=4)),
+        ("Pod", k8s_pod("small", gpus=2)),
+    )
+    snap, placement, _ = decide(cache)
+    pinned = snap.pod_by_uid["uid-pinned"]
+    assert pinned.managed and pinned.bound and not pinned.pending
+    assert snap.node_states()["n1"].used[GPU] == 6
+    assert "ns/pinned" not in placement.outcomes
+    assert placed_pods(placement) == {"ns/small"}  # 6 of 8 GPUs are held by "pinned"
+    assert placement.outcomes["ns/big"].reason_code == "InsufficientOnOneNode"
+    report = compute_fair_shares(snap)
+    assert report.queues["q"].allocated["gpu"] == 6000  # charged to its queue as running work
+
+
+# --- the simulator ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def _restore_logging() -> Iterator[None]:
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
+
+SCENARIO: dict[str, Any] = {
+    "name": "t",
+    "settings": {"cyclePeriod": "5s", "end": "1m", "solver": "greedy"},
+    "nodes": [{"name": "gpu", "count": 1, "gpus": 4}],
+    "queues": [{"metadata": {"name": "team"}, "spec": {}}],
+    "jobs": [
+        {
+            "name": "anti",
+            "queue": "team",
+            "pods": {
+                "template": {
+                    "spec": {
+                        **ANTI,
+                        "containers": [{"name": "c", "resources": {"limits": {GPU: 1}}}],
+                    }
+                }
+            },
+        },
+        {"name": "plain", "queue": "team", "pods": {"resources": {GPU: 1}}},
+    ],
+}
+
+
+@pytest.mark.usefixtures("_restore_logging")
+def test_the_simulator_reports_unsupported_fields() -> None:
+    result = simulate(parse_scenario(copy.deepcopy(SCENARIO)))
+    gangs = {g.gang: g for g in gang_summaries(result)}
+    assert gangs["default/plain"].status == "running"
+    anti = gangs["default/anti"]
+    assert (anti.status, anti.reason_code) == ("waiting", "UnsupportedField")
+    assert POD_ANTI_AFFINITY_REQUIRED in anti.reason
+
+
+def test_the_simulator_refuses_scheduling_gates() -> None:
+    data = copy.deepcopy(SCENARIO)
+    data["jobs"][0]["pods"]["template"]["spec"] = {
+        **GATE,
+        "containers": [{"name": "c", "resources": {"limits": {GPU: 1}}}],
+    }
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(data)
+    assert err.value.field == "jobs[0].pods.template.spec.schedulingGates"
