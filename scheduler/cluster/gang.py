@@ -29,6 +29,9 @@ class Gang:
     preemption_delay_seconds: float = 0.0
     #: False when its PriorityClass says ``preemptionPolicy: Never``: it never evicts.
     may_preempt: bool = True
+    #: PodGroup fields that affect placement and are not implemented yet (the gang waits
+    #: with a reason naming them; see docs/constraints.md).
+    unsupported: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:

@@ -246,4 +246,17 @@ def gang_from_k8s(
         creation_time=parse_timestamp(meta.get("creationTimestamp")),
         staleness_grace_seconds=grace,
         preemption_delay_seconds=_preemption_delay_of(obj),
+        unsupported=_unsupported_podgroup_fields(spec),
     )
+
+
+def _unsupported_podgroup_fields(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """PodGroup fields that restrict placement and are not implemented yet. Preferences
+    (``topologyConstraint.preferredTopologyLevel``) are not among them."""
+    out: list[str] = []
+    topology = spec.get("topologyConstraint")
+    if isinstance(topology, Mapping) and topology.get("requiredTopologyLevel"):
+        out.append("spec.topologyConstraint.requiredTopologyLevel")
+    if spec.get("subGroups"):
+        out.append("spec.subGroups")
+    return tuple(out)

@@ -35,6 +35,7 @@ __all__ = [
     "POD_AFFINITY_REQUIRED",
     "POD_ANTI_AFFINITY_REQUIRED",
     "gated_message",
+    "podgroup_unsupported_message",
     "scheduling_gates",
     "unsupported_fields",
     "unsupported_message",
@@ -161,6 +162,15 @@ def unsupported_message(pod_key: str, fields: Sequence[str]) -> str:
     return (
         f"pod {pod_key}: {_names([_shown(f) for f in fields])} {verb} not supported yet; "
         f"the pod waits ({'; '.join(fixes)})"
+    )
+
+
+def podgroup_unsupported_message(gang_key: str, fields: Sequence[str]) -> str:
+    """What a gang whose PodGroup uses fields that are not implemented yet shows."""
+    verb = "is" if len(fields) == 1 else "are"
+    return (
+        f"PodGroup {gang_key}: {_names(list(fields))} {verb} not supported yet; the gang waits "
+        "(remove it from the PodGroup; a preferredTopologyLevel is accepted and not applied yet)"
     )
 
 

@@ -14,7 +14,11 @@ from scheduler.cluster.gang import Gang
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.queue import QueueTree
 from scheduler.cluster.snapshot import Snapshot
-from scheduler.cluster.unsupported import gated_message, unsupported_message
+from scheduler.cluster.unsupported import (
+    gated_message,
+    podgroup_unsupported_message,
+    unsupported_message,
+)
 from scheduler.fairness.usage import gang_need
 
 __all__ = [
@@ -126,6 +130,9 @@ def gang_findings(snapshot: Snapshot) -> dict[str, tuple[str, str]]:
             problem = cache[gang.queue]
             if problem is not None:
                 out[key] = problem
+                continue
+            if gang.unsupported:
+                out[key] = (UNSUPPORTED_FIELD, podgroup_unsupported_message(key, gang.unsupported))
                 continue
         pods = waiting.get(key)
         if pods:

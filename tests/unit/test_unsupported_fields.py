@@ -521,3 +521,38 @@ def test_the_simulator_refuses_scheduling_gates() -> None:
     with pytest.raises(ScenarioError) as err:
         parse_scenario(data)
     assert err.value.field == "jobs[0].pods.template.spec.schedulingGates"
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"topologyConstraint": {"requiredTopologyLevel": "rack"}}, "requiredTopologyLevel"),
+        ({"subGroups": [{"name": "a", "minMember": 1}]}, "spec.subGroups"),
+    ],
+)
+def test_podgroup_fields_not_implemented_make_the_gang_wait(
+    extra: dict[str, Any], field: str
+) -> None:
+    group = k8s_podgroup("topo", 2)
+    group["spec"].update(extra)
+    cache = cluster(
+        ("PodGroup", group),
+        *(("Pod", k8s_pod(f"topo-{i}", gpus=1, group="topo")) for i in range(2)),
+        ("Pod", k8s_pod("plain", gpus=1)),
+    )
+    _, placement, _ = decide(cache)
+    outcome = placement.outcomes["ns/topo"]
+    assert (outcome.placed, outcome.reason_code) == (False, "UnsupportedField")
+    assert field in outcome.reason and "PodGroup ns/topo" in outcome.reason
+    assert placed_pods(placement) == {"ns/plain"}  # everything else is scheduled
+
+
+def test_a_preferred_topology_level_is_a_preference() -> None:
+    group = k8s_podgroup("soft", 2)
+    group["spec"]["topologyConstraint"] = {"preferredTopologyLevel": "rack"}
+    cache = cluster(
+        ("PodGroup", group),
+        *(("Pod", k8s_pod(f"soft-{i}", gpus=1, group="soft")) for i in range(2)),
+    )
+    _, placement, _ = decide(cache)
+    assert placement.outcomes["ns/soft"].placed
