@@ -200,9 +200,13 @@ def _queue_violations(
     new_by_leaf: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
     new_np: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
     out: list[str] = []
+    usable: dict[str, bool] = {}  # per queue: exists, valid and a leaf
     for pod, a in placed:
         queue = _queue_of(snapshot, pod)
-        if queue not in tree or queue in tree.broken or not tree.is_leaf(queue):
+        ok = usable.get(queue)
+        if ok is None:
+            ok = usable[queue] = queue in tree and queue not in tree.broken and tree.is_leaf(queue)
+        if not ok:
             out.append(f"pod {pod.key}: queue {queue!r} is missing, invalid or not a leaf")
             continue
         use = pod_queue_usage(pod)
