@@ -54,6 +54,7 @@ __all__ = [
     "VolcanoControllerManager",
     "apply_crds",
     "find_controller",
+    "http_ok",
     "install_lws_crds",
     "install_volcano_crds",
     "live_log_tails",
@@ -262,7 +263,8 @@ class ControllerProcess:
             time.sleep(0.3)
 
 
-def _http_ok(url: str) -> bool:
+def http_ok(url: str) -> bool:
+    """True when ``url`` answers 200 within 3 s."""
     try:
         with urllib.request.urlopen(url, timeout=3) as resp:
             return bool(resp.status == 200)
@@ -379,7 +381,7 @@ class VolcanoControllerManager(_Managed):
         try:
             self.proc.wait(
                 "Volcano controller-manager /healthz",
-                lambda: _http_ok(f"http://127.0.0.1:{self.healthz_port}/healthz"),
+                lambda: http_ok(f"http://127.0.0.1:{self.healthz_port}/healthz"),
                 timeout,
             )
         except BaseException:
@@ -450,7 +452,7 @@ class LongRunningKwok(_Managed):
         self.proc.start()
         try:
             self.proc.wait(
-                "kwok /healthz", lambda: _http_ok(f"http://127.0.0.1:{self.port}/healthz"), timeout
+                "kwok /healthz", lambda: http_ok(f"http://127.0.0.1:{self.port}/healthz"), timeout
             )
         except BaseException:
             self.stop()
@@ -701,7 +703,7 @@ class LwsController(_Managed):
         try:
             self.proc.wait(
                 "LWS manager /readyz",
-                lambda: _http_ok(f"http://127.0.0.1:{self.health_port}/readyz"),
+                lambda: http_ok(f"http://127.0.0.1:{self.health_port}/readyz"),
                 timeout,
             )
             hooks = lws_webhook_configurations(

@@ -92,7 +92,8 @@ class Contender:
         return started
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -154,7 +155,7 @@ def ours(
         sys.executable, "-m", "scheduler", "run",
         f"--kube-config={kubeconfig}",
         f"--config={config_path}",
-        f"--metrics-address=127.0.0.1:{_free_port()}",
+        f"--metrics-address=127.0.0.1:{free_port()}",
         "--log-format=json",
         f"--log-level={log_level}",
     ]  # fmt: skip
@@ -196,7 +197,7 @@ def kube_scheduler(cp: ControlPlane, work: Path, binary: Path, *, unthrottled: b
         str(binary),
         f"--config={config_path}",
         "--bind-address=127.0.0.1",
-        f"--secure-port={_free_port()}",
+        f"--secure-port={free_port()}",
     ]
     return Contender(
         key=key,
@@ -276,22 +277,22 @@ def kai(kai_dir: Path, kubeconfigs: Mapping[str, Path], *, unthrottled: bool) ->
     scheduler = [
         str(kai_dir / "scheduler"),
         f"--scheduler-name={name}",
-        f"--listen-address=127.0.0.1:{_free_port()}",
-        f"--plugin-server-port={_free_port()}",
+        f"--listen-address=127.0.0.1:{free_port()}",
+        f"--plugin-server-port={free_port()}",
         *limits,
     ]
     binder = [
         str(kai_dir / "binder"),
         f"--scheduler-name={name}",
-        f"--metrics-bind-address=127.0.0.1:{_free_port()}",
-        f"--health-probe-bind-address=127.0.0.1:{_free_port()}",
+        f"--metrics-bind-address=127.0.0.1:{free_port()}",
+        f"--health-probe-bind-address=127.0.0.1:{free_port()}",
         *limits,
     ]
     podgrouper = [
         str(kai_dir / "podgrouper"),
         f"--scheduler-name={name}",
-        f"--metrics-bind-address=127.0.0.1:{_free_port()}",
-        f"--health-probe-bind-address=127.0.0.1:{_free_port()}",
+        f"--metrics-bind-address=127.0.0.1:{free_port()}",
+        f"--health-probe-bind-address=127.0.0.1:{free_port()}",
         *limits,
     ]
     argvs = {"scheduler": scheduler, "binder": binder, "podgrouper": podgrouper}

@@ -40,11 +40,8 @@ import contextlib
 import json
 import os
 import re
-import socket
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +53,7 @@ import yaml
 from scheduler.bench import e2e_peers as peers
 from scheduler.bench.takeback_diff import _apply_kai_crds, _apply_our_crds, kai_dir
 from testenv import ControlPlane, process
+from testenv.controllers import http_ok
 
 __all__ = [
     "CASES",
@@ -710,20 +708,6 @@ def _log(message: str) -> None:
     print(f"[podgrouper-diff {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 def _kubectl_json(cp: ControlPlane, *args: str) -> dict[str, Any]:
     out = cp.kubectl(*args, "-o", "json", timeout=60).stdout
     return dict(json.loads(out)) if out.strip() else {}
@@ -768,7 +752,7 @@ class Grouper:
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Wait until its probe answers 200."""
         deadline = time.monotonic() + timeout
-        while not _http_ok(self.ready_url):
+        while not http_ok(self.ready_url):
             self.check_alive()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name} grouper not ready after {timeout}s")
@@ -792,7 +776,7 @@ def _ours_grouper(cp: ControlPlane, log_level: str) -> Grouper:
     peers.apply_objects(cp, docs)
     token = cp.service_account_token("kai-scheduler", "kai-podgrouper")
     kubeconfig = cp.kubeconfig_for_token(token, f"pgdiff-ours-{uuid.uuid4().hex[:6]}")
-    port = _free_port()
+    port = peers.free_port()
     argv = [
         sys.executable, "-m", "scheduler", "podgrouper",
         f"--kube-config={kubeconfig}",
