@@ -264,11 +264,12 @@ class ControllerProcess:
 
 
 def http_ok(url: str) -> bool:
-    """True when ``url`` answers 200 within 3 s."""
+    """True when ``url`` answers 200 within 3 s (False when it answers otherwise or cannot
+    be reached yet)."""
     try:
         with urllib.request.urlopen(url, timeout=3) as resp:
             return bool(resp.status == 200)
-    except urllib.error.HTTPError:
+    except OSError:  # urllib.error.URLError and HTTPError are OSErrors
         return False
 
 
