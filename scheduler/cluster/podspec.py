@@ -389,7 +389,9 @@ def pod_from_k8s(
     ``lastTransitionTime``), else 0. A managed pod without a node also carries its
     ``scheduling_gates`` and the placement rules it uses that are not supported yet
     (``unsupported``, see :mod:`scheduler.cluster.unsupported`); a pod with ``spec.nodeName``
-    set (by us or by its author) is bound: it holds its node and is never placed again.
+    set (by us or by its author) is bound: it holds its node and is never placed again. A
+    pending pod of another scheduler with ``status.nominatedNodeName`` holds that node
+    (``nominated``), as kube-scheduler counts the pods it preempted for.
     """
     meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
@@ -421,6 +423,11 @@ def pod_from_k8s(
         phase = PodPhase(phase_raw)
     except ValueError:
         phase = PodPhase.UNKNOWN
+    nominated = False
+    if not managed and not node_name and status.get("nominatedNodeName"):
+        # Another scheduler (kube-scheduler, after preempting for it) holds this node for
+        # the pod: count it there as kube-scheduler does, so we do not take the room.
+        node_name, nominated = str(status["nominatedNodeName"]), True
     return Pod(
         uid=meta.get("uid", f"{namespace}/{name}"),
         namespace=namespace,
@@ -442,4 +449,5 @@ def pod_from_k8s(
         start_time=_start_time(status),
         scheduling_gates=gates,
         unsupported=unsupported,
+        nominated=nominated,
     )

@@ -556,3 +556,21 @@ def test_a_preferred_topology_level_is_a_preference() -> None:
     )
     _, placement, _ = decide(cache)
     assert placement.outcomes["ns/soft"].placed
+
+
+def test_a_node_another_scheduler_nominated_a_pod_to_is_held_for_it() -> None:
+    """kube-scheduler preempted on n1 for its pod and shows it in nominatedNodeName: that
+    room is not ours to take (as kube-scheduler itself counts nominated pods)."""
+    theirs = k8s_pod("theirs", gpus=8, scheduler="default-scheduler")
+    theirs["status"]["nominatedNodeName"] = "n1"
+    cache = cluster(("Pod", theirs), ("Pod", k8s_pod("ours", gpus=1)))
+    snap, placement, _ = decide(cache)
+    held = {p.name: p for p in snap.pods}["theirs"]
+    assert (held.node_name, held.nominated, held.managed) == ("n1", True, False)
+    assert placed_pods(placement) == set()
+    assert placement.outcomes["ns/ours"].reason_code != "UnsupportedField"
+    # Without the nomination the node is free.
+    del theirs["status"]["nominatedNodeName"]
+    cache = cluster(("Pod", theirs), ("Pod", k8s_pod("ours", gpus=1)))
+    _, placement, _ = decide(cache)
+    assert placed_pods(placement) == {"ns/ours"}
