@@ -71,6 +71,7 @@ from scheduler.cache.volcano import (
     root_queue,
     volcano_queue_from_k8s,
 )
+from scheduler.cluster.hostports import HOST_PORT_PREFIX, with_host_ports
 from scheduler.cluster.node import Node
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.podspec import (
@@ -217,6 +218,8 @@ class Cache:
         self._volcano_gangs: frozenset[str] = frozenset()
         #: Pods of other schedulers that name a PodGroup: uid -> ``namespace/group``.
         self._foreign_member: dict[str, str] = {}
+        #: Pod uid -> the host port resources it asks for (pods that ask for any only).
+        self._host_ports: dict[str, tuple[str, ...]] = {}
         #: ``namespace/group`` -> how many pods of other schedulers name it.
         self._foreign_groups: dict[str, int] = {}
         self._generation = 0
@@ -377,6 +380,7 @@ class Cache:
         self._pod_rv.pop(uid, None)
         self._budgets.pod_removed(uid)
         self._note_foreign(uid, "")
+        self._host_ports.pop(uid, None)
         held = self._holds.forget(uid)
         if self._pods.pop(uid, None) is not None:
             self._changed()
@@ -431,6 +435,11 @@ class Cache:
         ours = (obj.get("spec") or {}).get("schedulerName") in self.scheduler_names
         foreign = record.group and not ours
         self._note_foreign(uid, f"{record.namespace}/{record.group}" if foreign else "")
+        ports = tuple(r for r in pod.requests if r.startswith(HOST_PORT_PREFIX)) if pod else ()
+        if ports:
+            self._host_ports[uid] = ports
+        else:
+            self._host_ports.pop(uid, None)
         slim = self._raw["Pod"][key] = _slim_pod(obj)
         self._budgets.pod_changed(slim)
         held = self._holds.observe(uid, pod)
@@ -669,8 +678,11 @@ class Cache:
         now = self._clock() if now is None else now
         resolution = self._resolve()
         queues = self._queue_table(resolution)
+        nodes = tuple(self._nodes[k] for k in sorted(self._nodes))
+        if self._host_ports:  # every node has one of each host port in use
+            nodes = with_host_ports(nodes, (r for rs in self._host_ports.values() for r in rs))
         return Snapshot(
-            nodes=tuple(self._nodes[k] for k in sorted(self._nodes)),
+            nodes=nodes,
             pods=self._held_pods(resolution),
             gangs=resolution.gangs,
             queues=tuple(queues[k] for k in sorted(queues)),

@@ -27,6 +27,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from scheduler.cluster.hostports import host_port_requests
 from scheduler.cluster.node import GPU_MILLI
 from scheduler.cluster.pod import GpuRequest, Pod, PodPhase
 from scheduler.cluster.quantity import QuantityError, parse_quantity
@@ -404,6 +405,9 @@ def pod_from_k8s(
     managed = spec.get("schedulerName") in names
     try:
         requests = effective_requests(spec)
+        ports = host_port_requests(spec)
+        if ports:
+            requests = requests + ports
         gpu = _gpu_request(annotations, requests)
         tolerations = _tolerations(spec)
         affinity = _affinity(spec)

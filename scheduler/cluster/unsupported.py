@@ -8,8 +8,6 @@ Kubernetes would never put it). :func:`unsupported_fields` lists such fields of 
   of ``podAntiAffinity``;
 - ``spec.topologySpreadConstraints[i]`` with ``whenUnsatisfiable: DoNotSchedule`` (the
   Kubernetes default);
-- ``hostPort`` of a container or init container port (with ``hostNetwork: true`` the API server
-  sets it to the ``containerPort``);
 - required node affinity ``matchFields`` on a key other than ``metadata.name`` (the only field
   Kubernetes defines; the rest of node affinity, ``Gt``/``Lt`` included, is evaluated);
 - ``spec.resourceClaims`` (dynamic resource allocation: the claim would never be allocated).
@@ -17,7 +15,8 @@ Kubernetes would never put it). :func:`unsupported_fields` lists such fields of 
 Preferences are not listed: ``preferredDuringSchedulingIgnoredDuringExecution`` pod (anti-)
 affinity and node affinity, and spread constraints with ``whenUnsatisfiable: ScheduleAnyway``,
 are not applied yet, which never makes a placement wrong. The topology of PersistentVolumeClaims
-is not honoured yet either and is not listed (docs/constraints.md says so).
+is not honoured yet either and is not listed (docs/constraints.md says so). Host ports are
+honoured (:mod:`scheduler.cluster.hostports`).
 
 :func:`scheduling_gates` reads ``spec.schedulingGates``: a gated pod is not scheduled, and not
 pending work, until the gates are removed (Kubernetes' semantics; the API server itself marks
@@ -65,16 +64,6 @@ _FIXES: tuple[tuple[str, str], ...] = (
         "applied yet",
     ),
     (
-        "spec.containers",
-        "remove the hostPort, or expose the port through a Service - with hostNetwork: true "
-        "every containerPort counts as a hostPort",
-    ),
-    (
-        "spec.initContainers",
-        "remove the hostPort, or expose the port through a Service - with hostNetwork: true "
-        "every containerPort counts as a hostPort",
-    ),
-    (
         "spec.resourceClaims",
         "dynamic resource allocation is not supported yet; ask for devices as extended "
         "resources such as nvidia.com/gpu",
@@ -118,11 +107,6 @@ def unsupported_fields(spec: Any) -> tuple[str, ...]:
         # Unset means DoNotSchedule; anything but ScheduleAnyway is a hard rule to us.
         if _mapping(constraint).get("whenUnsatisfiable") != "ScheduleAnyway":
             out.append(f"spec.topologySpreadConstraints[{i}]")
-    for group in ("containers", "initContainers"):
-        for i, container in enumerate(_list(spec.get(group))):
-            for j, port in enumerate(_list(_mapping(container).get("ports"))):
-                if _mapping(port).get("hostPort"):
-                    out.append(f"spec.{group}[{i}].ports[{j}].hostPort")
     if _list(spec.get("resourceClaims")):
         out.append("spec.resourceClaims")
     return tuple(out)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from scheduler.cluster.hostports import host_port_name
 from scheduler.cluster.node import Taint
 from scheduler.cluster.quantity import format_milli
 from scheduler.cluster.resources import CPU, EPHEMERAL_STORAGE, GPU, MEMORY
@@ -44,6 +45,9 @@ def format_amount(resource: str, value: int) -> str:
         return f"{format_milli(value)} cpu"
     if resource in (MEMORY, EPHEMERAL_STORAGE):
         return f"{format_bytes(value)} {resource}"
+    port = host_port_name(resource)
+    if port is not None:
+        return f"host port {port}" if value == 1 else f"{value} of host port {port}"
     return f"{value} {resource}"
 
 

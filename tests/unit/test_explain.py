@@ -152,12 +152,12 @@ CASES = {
         [node("n1")],
         [
             pod("job-0", "job", gpus=1),
-            pod("job-1", "job", gpus=1, unsupported=("spec.containers[0].ports[0].hostPort",)),
+            pod("job-1", "job", gpus=1, unsupported=("spec.resourceClaims",)),
         ],
         "UnsupportedField",
-        "pod ns/job-1: spec.containers[0].ports[0].hostPort is not supported yet; the pod waits "
-        "(remove the hostPort, or expose the port through a Service - with hostNetwork: true "
-        "every containerPort counts as a hostPort)",
+        "pod ns/job-1: spec.resourceClaims is not supported yet; the pod waits (dynamic "
+        "resource allocation is not supported yet; ask for devices as extended resources such "
+        "as nvidia.com/gpu)",
         gangs={"job": (2, "team-a", True)},
     ),
     "scheduling gated": Case(

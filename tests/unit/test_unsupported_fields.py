@@ -18,6 +18,7 @@ import structlog
 
 from scheduler.cache import Cache
 from scheduler.cluster import GPU, Snapshot
+from scheduler.cluster.hostports import HOST_PORT_PREFIX
 from scheduler.cluster.podspec import PodSpecError, pod_from_k8s
 from scheduler.cluster.unsupported import (
     POD_AFFINITY_REQUIRED,
@@ -122,11 +123,6 @@ HOST_PORT = {"name": "c", "ports": [{"containerPort": 80}, {"containerPort": 808
         ),
         # Unset is Kubernetes' default, DoNotSchedule.
         ({"topologySpreadConstraints": [{"maxSkew": 1}]}, "spec.topologySpreadConstraints[0]"),
-        ({"containers": [HOST_PORT]}, "spec.containers[0].ports[1].hostPort"),
-        (
-            {"initContainers": [{"name": "i", "ports": [{"containerPort": 1, "hostPort": 9}]}]},
-            "spec.initContainers[0].ports[0].hostPort",
-        ),
         (
             node_terms({"matchFields": [{"key": "spec.unschedulable", "values": ["false"]}]}),
             f"{NODE_TERMS}[0].matchFields[0]",
@@ -138,8 +134,6 @@ HOST_PORT = {"name": "c", "ports": [{"containerPort": 80}, {"containerPort": 808
         "podAntiAffinity",
         "spread-DoNotSchedule",
         "spread-default",
-        "hostPort",
-        "initContainer-hostPort",
         "matchFields-key",
         "resourceClaims",
     ],
@@ -160,6 +154,7 @@ def test_each_unsupported_field_is_found_and_named(spec: dict[str, Any], expecte
         {"affinity": {"nodeAffinity": {PREFERRED: [{"weight": 1, "preference": {}}]}}},
         {"topologySpreadConstraints": [{"maxSkew": 1, "whenUnsatisfiable": "ScheduleAnyway"}]},
         {"containers": [{"name": "c", "ports": [{"containerPort": 80, "hostPort": 0}]}]},
+        {"containers": [HOST_PORT]},  # honoured (scheduler.cluster.hostports)
         node_terms(
             {
                 "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}],
@@ -175,6 +170,7 @@ def test_each_unsupported_field_is_found_and_named(spec: dict[str, Any], expecte
         "preferred-nodeAffinity",
         "spread-ScheduleAnyway",
         "hostPort-0",
+        "hostPort",
         "matchFields-name-and-Gt",
         "pvc",
     ],
@@ -208,25 +204,28 @@ def test_bound_and_foreign_pods_carry_no_findings() -> None:
 
 def test_several_fields_are_listed_with_each_fix_once() -> None:
     spec = {
-        "affinity": {"podAntiAffinity": {REQUIRED: [TERM]}},
-        "containers": [HOST_PORT, {"name": "d", "ports": [{"containerPort": 1, "hostPort": 2}]}],
-        "topologySpreadConstraints": [{"maxSkew": 1}],
+        "affinity": {
+            "podAntiAffinity": {REQUIRED: [TERM], "x": 1},
+            "podAffinity": {REQUIRED: [TERM]},
+        },
+        "containers": [HOST_PORT],
+        "topologySpreadConstraints": [{"maxSkew": 1}, {"maxSkew": 2}],
     }
     fields = fields_of(spec)
     assert fields == (
+        POD_AFFINITY_REQUIRED,
         POD_ANTI_AFFINITY_REQUIRED,
         "spec.topologySpreadConstraints[0]",
-        "spec.containers[0].ports[1].hostPort",
-        "spec.containers[1].ports[0].hostPort",
+        "spec.topologySpreadConstraints[1]",
     )
     message = unsupported_message("ns/p", fields)
     assert message == (
-        f"pod ns/p: {POD_ANTI_AFFINITY_REQUIRED}, spec.topologySpreadConstraints[0] "
-        "(whenUnsatisfiable: DoNotSchedule), spec.containers[0].ports[1].hostPort and 1 more "
-        "are not supported yet; the pod waits (remove the required pod anti-affinity, or use a "
-        "node selector/affinity; remove the constraint, or set whenUnsatisfiable: "
-        "ScheduleAnyway, a preference not applied yet; remove the hostPort, or expose the port "
-        "through a Service - with hostNetwork: true every containerPort counts as a hostPort)"
+        f"pod ns/p: {POD_AFFINITY_REQUIRED}, {POD_ANTI_AFFINITY_REQUIRED}, "
+        "spec.topologySpreadConstraints[0] (whenUnsatisfiable: DoNotSchedule) and 1 more "
+        "are not supported yet; the pod waits (remove the required pod affinity, or use a "
+        "node selector/affinity; remove the required pod anti-affinity, or use a node "
+        "selector/affinity; remove the constraint, or set whenUnsatisfiable: ScheduleAnyway, "
+        "a preference not applied yet)"
     )
 
 
@@ -312,13 +311,13 @@ def test_one_such_pod_keeps_its_whole_gang_out() -> None:
     cache = cluster(
         ("PodGroup", k8s_podgroup("train", 2)),
         ("Pod", k8s_pod("train-0", gpus=1, group="train")),
-        ("Pod", k8s_pod("train-1", gpus=1, group="train", spec={"containers": [HOST_PORT]})),
+        ("Pod", k8s_pod("train-1", gpus=1, group="train", spec=ANTI)),
     )
     _, placement, _ = decide(cache)
     assert placement.assignments == ()
     outcome = placement.outcomes["ns/train"]
     assert outcome.reason_code == "UnsupportedField"
-    assert outcome.reason.startswith("pod ns/train-1: spec.containers[0].ports[1].hostPort is")
+    assert outcome.reason.startswith(f"pod ns/train-1: {POD_ANTI_AFFINITY_REQUIRED} is")
 
 
 def test_preferred_forms_are_placed() -> None:
@@ -574,3 +573,43 @@ def test_a_node_another_scheduler_nominated_a_pod_to_is_held_for_it() -> None:
     cache = cluster(("Pod", theirs), ("Pod", k8s_pod("ours", gpus=1)))
     _, placement, _ = decide(cache)
     assert placed_pods(placement) == {"ns/ours"}
+
+
+def _port_pod(name: str, port: int, protocol: str = "TCP", **kw: Any) -> dict[str, Any]:
+    container = {
+        "name": "c",
+        "resources": {"requests": {"cpu": "1"}},
+        "ports": [{"containerPort": port, "hostPort": port, "protocol": protocol}],
+    }
+    return k8s_pod(name, spec={"containers": [container]}, **kw)
+
+
+def test_host_ports_one_pod_per_node_per_port_and_protocol() -> None:
+    """kube-scheduler's NodePorts rule: one node cannot give the same host port twice."""
+    cache = cluster(
+        ("Pod", _port_pod("a", 8080)),
+        ("Pod", _port_pod("b", 8080)),
+        ("Pod", _port_pod("udp", 8080, "UDP")),  # another protocol: no conflict
+        ("Pod", _port_pod("other", 9090)),
+    )
+    snap, placement, _ = decide(cache)
+    assert placed_pods(placement) == {"ns/a", "ns/udp", "ns/other"} or placed_pods(placement) == {
+        "ns/b",
+        "ns/udp",
+        "ns/other",
+    }
+    waiting = placement.outcomes["ns/b" if "ns/a" in placed_pods(placement) else "ns/a"]
+    assert not waiting.placed and "TCP/8080" in waiting.reason, waiting.reason
+    node = snap.node_by_name["n1"]
+    assert node.allocatable[f"{HOST_PORT_PREFIX}tcp-8080"] == 1
+
+
+def test_a_host_port_held_by_a_running_pod_of_another_scheduler_is_taken() -> None:
+    cache = cluster(
+        ("Pod", _port_pod("web", 443, scheduler="default-scheduler", node_name="n1")),
+        ("Pod", _port_pod("ours", 443)),
+        ("Pod", _port_pod("free", 80)),
+    )
+    _, placement, _ = decide(cache)
+    assert placed_pods(placement) == {"ns/free"}
+    assert "TCP/443" in placement.outcomes["ns/ours"].reason
