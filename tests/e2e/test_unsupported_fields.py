@@ -169,3 +169,38 @@ def test_pod_with_node_name_set_by_its_author_is_left_alone_and_counted(
     pinned_now = _pod(kai_cluster, namespace, "pinned")
     assert "kai.scheduler/gpu-grant" not in (pinned_now["metadata"].get("annotations") or {})
     assert sched.running()
+
+
+def test_host_port_one_pod_per_node(
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
+    make_gpu_nodes: Any,
+) -> None:
+    """Two nodes, three pods on host port 8080: one per node, the third waits saying why."""
+    tag = run_tag()
+    make_gpu_nodes(2, gpus=4, labels=tag)
+    sched = start_scheduler()
+    pods = [pod_manifest(f"web-{i}", gpus=1, node_selector=tag) for i in range(3)]
+    for p in pods:
+        p["spec"]["containers"][0]["ports"] = [{"containerPort": 8080, "hostPort": 8080}]
+    kai_cluster.create(*pods, namespace=namespace)
+
+    def two_bound() -> dict[str, str] | None:
+        bound = bound_nodes(kai_cluster.pods(namespace))
+        return bound if len(bound) == 2 else None
+
+    bound = wait_for("two web pods bound", two_bound, logs=sched)
+    assert len(set(bound.values())) == 2, bound  # never two on one node
+    (left,) = {f"web-{i}" for i in range(3)} - set(bound)
+
+    def waiting_message() -> str | None:
+        c = _condition(_pod(kai_cluster, namespace, left))
+        if c.get("status") == "False" and c.get("reason") == "Unschedulable":
+            return str(c.get("message", ""))
+        return None
+
+    message = wait_for(f"{left} waits", waiting_message, logs=sched)
+    assert "host port TCP/8080" in message, message
+    time.sleep(1.0)
+    assert len(bound_nodes(kai_cluster.pods(namespace))) == 2
