@@ -22,6 +22,10 @@ Rules (the contract every stage shares):
 - A pending pod naming a missing or invalid PodGroup is left out (it cannot be scheduled) and
   becomes a :class:`Problem`; a bound one still occupies its node, in a stand-in gang.
 - Pods of other schedulers only occupy nodes: they keep no gang (``gang == ""``).
+- Volumes: an unbound pod of ours with a :class:`VolumeVerdict` (its PersistentVolumeClaims,
+  judged by the cache from the claims, volumes and StorageClasses it holds) gets the
+  restrictions ANDed into its required node affinity, or waits (:attr:`Pod.blocked`); see
+  :mod:`scheduler.cluster.volumes`.
 
 An implicit gang is keyed ``namespace/<pod name>``; when a PodGroup of that name exists in the
 namespace, the implicit gang is ``<pod name>~pod`` instead, so the pod never joins a PodGroup
@@ -53,6 +57,7 @@ from scheduler.cluster.gang import Gang
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.podspec import BUILD_PRIORITY, GangHints
 from scheduler.cluster.queuespec import SpecError, gang_from_k8s, preemptibility_of
+from scheduler.cluster.volumes import PodClaim, VolumeVerdict, with_volumes
 from scheduler.k8s.resources import POD, PODGROUP, VOLCANO_PODGROUP
 
 __all__ = ["BUILD_PRIORITY", "PodRecord", "Resolution", "Resolver", "resolve"]
@@ -81,6 +86,8 @@ class PodRecord:
     #: What the pod says about its gang (preemption policy; for an implicit gang also its
     #: preemptibility label and preemption-delay annotation).
     hints: GangHints = _NO_HINTS
+    #: The PersistentVolumeClaims of an unbound pod of ours (empty for every other pod).
+    claims: tuple[PodClaim, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -146,6 +153,9 @@ class _PodState:
     rec: PodRecord
     extra: Any
     prio: int | None
+    #: The verdict on the pod's claims (None when it has none); the store keeps the same
+    #: object while the verdict does not change, so an identity check finds changes.
+    volumes: VolumeVerdict | None = None
     #: The pod after priority/overlay (None: left out of scheduling).
     ready: Pod | None = None
     #: ``namespace/group`` when the pod is a managed gang member, else "".
@@ -156,8 +166,11 @@ class _PodState:
     implicit: str = ""
 
 
-def _ready_pod(rec: PodRecord, extra: Any, prio: int | None) -> Pod | None:
-    """A record's pod with class priority and assumption applied; None when left out."""
+def _ready_pod(
+    rec: PodRecord, extra: Any, prio: int | None, volumes: VolumeVerdict | None = None
+) -> Pod | None:
+    """A record's pod with class priority, assumption and volume verdict applied; None when
+    left out."""
     pod = rec.pod
     if pod is None or (not pod.managed and not (pod.bound and pod.active)):
         # Unreadable and unbound, or another scheduler's pending or finished pod:
@@ -177,7 +190,10 @@ def _ready_pod(rec: PodRecord, extra: Any, prio: int | None) -> Pod | None:
             changes["gpu_grant"] = extra[1]
     if not pod.managed:
         changes["gang"] = ""
-    return dataclasses.replace(pod, **changes) if changes else pod
+    ready = dataclasses.replace(pod, **changes) if changes else pod
+    if volumes is not None and ready.managed and ready.node_name is None:
+        ready = with_volumes(ready, volumes)
+    return ready
 
 
 class Resolver:
@@ -215,10 +231,12 @@ class Resolver:
         priorities: Mapping[str, int],
         overlay: Mapping[str, tuple[str, GpuGrant]] | None = None,
         podgroup_api: bool = True,
+        volumes: Mapping[str, VolumeVerdict] | None = None,
     ) -> Resolution:
         """The resolution of ``records`` (by uid) and ``podgroups`` (by ``namespace/name``);
         arguments as for :func:`resolve`."""
         overlay = overlay or {}
+        volumes = volumes or {}
         everything = dict(priorities) != self._priorities or podgroup_api != self._podgroup_api
         if everything:
             self._priorities = dict(priorities)
@@ -246,17 +264,20 @@ class Resolver:
             state = pods.get(uid)
             extra = overlay.get(uid)
             prio = None if rec.has_priority else priorities.get(rec.priority_class)
+            verdict = volumes.get(uid) if rec.claims else None
             if (
                 everything
                 or state is None
                 or state.rec is not rec
                 or state.extra != extra
                 or state.prio != prio
+                or state.volumes is not verdict
             ):
                 if state is None:
-                    pods[uid] = _PodState(rec, extra, prio)
+                    pods[uid] = _PodState(rec, extra, prio, verdict)
                 else:
                     state.rec, state.extra, state.prio = rec, extra, prio
+                    state.volumes = verdict
                 dirty_pods.append(uid)
         removed = [u for u in pods if u not in records]
         for uid in removed:
@@ -316,7 +337,7 @@ class Resolver:
             self._rec_problem[uid] = rec.problem
         else:
             self._rec_problem.pop(uid, None)
-        pod = _ready_pod(rec, state.extra, state.prio)
+        pod = _ready_pod(rec, state.extra, state.prio, state.volumes)
         state.ready = pod
         group = (
             f"{rec.namespace}/{rec.group}" if pod is not None and pod.managed and rec.group else ""
@@ -516,13 +537,15 @@ def resolve(
     priorities: Mapping[str, int],
     overlay: Mapping[str, tuple[str, GpuGrant]] | None = None,
     podgroup_api: bool = True,
+    volumes: Mapping[str, VolumeVerdict] | None = None,
 ) -> Resolution:
     """Pods, gangs and problems from the store's contents, from scratch.
 
     ``podgroups`` maps ``namespace/name`` to the raw PodGroup; ``overlay`` maps pod uid to the
     (node, device grant) of pods assumed bound but not yet seen bound. ``podgroup_api`` False
     means the PodGroup CRD is not installed, which the reason of a pod naming a PodGroup then
-    says.
+    says. ``volumes`` maps the uid of a pod with :attr:`PodRecord.claims` to the verdict on
+    them (the store replaces a verdict only when it changes).
     """
     return Resolver(default_queue).resolve(
         {r.uid: r for r in records},
@@ -530,4 +553,5 @@ def resolve(
         priorities=priorities,
         overlay=overlay,
         podgroup_api=podgroup_api,
+        volumes=volumes,
     )

@@ -31,6 +31,13 @@ terminate) and pods it just *evicted* are overlaid on the snapshot (see
 Bad input never raises: an object the scheduler cannot read is left out of scheduling and
 reported by :meth:`Cache.problems`; a bound pod still occupies its node as far as it can be read.
 
+Volumes (:mod:`scheduler.cache.volumes`): PersistentVolumeClaims, PersistentVolumes and
+StorageClasses are stored as they are; an unbound pod of ours that uses claims gets a verdict
+on them, recomputed when one of them changes (a changed verdict wakes the cycle loop), and the
+resolver ANDs the volumes' node affinity into the pod's or makes it wait
+(:mod:`scheduler.cluster.volumes`). When the scheduler may not read one of these kinds, only
+pods that use claims wait, saying what to grant.
+
 Volcano (:mod:`scheduler.cache.volcano`): Volcano's Queues and PodGroups are stored beside
 KAI's and translated into the same queues and gangs. Names are shared: a queue is a queue
 whichever API defines it, and a PodGroup ``namespace/name`` is one gang. When both APIs define
@@ -71,6 +78,7 @@ from scheduler.cache.volcano import (
     root_queue,
     volcano_queue_from_k8s,
 )
+from scheduler.cache.volumes import VolumeIndex
 from scheduler.cluster.hostports import HOST_PORT_PREFIX, with_host_ports
 from scheduler.cluster.node import Node
 from scheduler.cluster.pod import Pod
@@ -86,6 +94,7 @@ from scheduler.cluster.podspec import (
 from scheduler.cluster.queue import Queue
 from scheduler.cluster.queuespec import SpecError, queue_from_k8s
 from scheduler.cluster.snapshot import Snapshot
+from scheduler.cluster.volumes import pod_claims
 from scheduler.k8s.resources import (
     CLUSTER_SCOPED_KINDS,
     KINDS,
@@ -94,6 +103,7 @@ from scheduler.k8s.resources import (
     VOLCANO_KINDS,
     VOLCANO_PODGROUP,
     VOLCANO_QUEUE,
+    VOLUME_KINDS,
     WATCHED_KINDS,
 )
 
@@ -229,6 +239,11 @@ class Cache:
         #: The resolved pods with :attr:`_holds` applied, for the generation they are of.
         self._held: tuple[int, tuple[Pod, ...]] | None = None
         self._budgets = BudgetIndex()
+        self._volumes = VolumeIndex(
+            self._raw["PersistentVolumeClaim"],
+            self._raw["PersistentVolume"],
+            self._raw["StorageClass"],
+        )
         self._resolver = Resolver(default_queue)
         self.pending_changed = asyncio.Event()
         """Set whenever something changed that may let a pending pod be placed (new pending
@@ -251,6 +266,9 @@ class Cache:
         else:
             self._absent.discard(kind)
         if before != absent:
+            if kind in VOLUME_KINDS:
+                self._volumes.absent = self._absent & set(VOLUME_KINDS)
+                self._volumes.everything_changed()
             self._changed()
 
     def _changed(self, *, wake: bool = True) -> None:
@@ -303,6 +321,10 @@ class Cache:
             if self._budgets.budget_changed(key, obj):
                 self.pending_changed.set()  # a plan a budget held back may work now
             return
+        if kind in VOLUME_KINDS:
+            self._raw[kind][key] = obj
+            self._volume_changed(kind, key, obj)
+            return
         old = self._raw[kind].get(key)
         self._raw[kind][key] = obj
         if kind == "Node":
@@ -330,6 +352,10 @@ class Cache:
             if self._budgets.budget_removed(key):
                 self.pending_changed.set()
             return
+        if kind in VOLUME_KINDS:
+            if self._raw[kind].pop(key, None) is not None:
+                self._volume_changed(kind, key, None)
+            return
         if self._raw[kind].pop(key, None) is None:
             return
         self._parse_problems.pop((kind, key), None)
@@ -342,6 +368,18 @@ class Cache:
         elif kind == "PriorityClass":
             self._priorities.pop(key, None)
         self._changed()
+
+    def _volume_changed(self, kind: str, key: str, obj: Mapping[str, Any] | None) -> None:
+        """A claim, volume or StorageClass changed: re-judge the pods it may concern, and
+        wake the cycle loop when a verdict changed (see :mod:`scheduler.cache.volumes`)."""
+        if kind == "PersistentVolumeClaim":
+            changed = self._volumes.claim_changed(key)
+        elif kind == "PersistentVolume":
+            changed = self._volumes.volume_changed(key, obj)
+        else:
+            changed = self._volumes.everything_changed()
+        if changed:
+            self._changed()
 
     def _upsert_parsed(
         self,
@@ -381,6 +419,7 @@ class Cache:
         self._budgets.pod_removed(uid)
         self._note_foreign(uid, "")
         self._host_ports.pop(uid, None)
+        self._volumes.pod_removed(uid)
         held = self._holds.forget(uid)
         if self._pods.pop(uid, None) is not None:
             self._changed()
@@ -443,6 +482,7 @@ class Cache:
         slim = self._raw["Pod"][key] = _slim_pod(obj)
         self._budgets.pod_changed(slim)
         held = self._holds.observe(uid, pod)
+        self._volumes.pod_changed(uid, record)
         old = self._pods.get(uid)
         if old != record:
             self._pods[uid] = record
@@ -516,6 +556,7 @@ class Cache:
             has_priority=spec.get("priority") is not None,
             problem=problem if managed else None,
             hints=gang_hints(obj, strict=False),
+            claims=pod_claims(spec, name) if managed and not node_name and pod else (),
         )
 
     def _pod_problem(self, uid: str, namespace: str, name: str, field: str, msg: str) -> Problem:
@@ -669,6 +710,7 @@ class Cache:
             priorities=self._priorities,
             overlay=overlay,
             podgroup_api="PodGroup" not in self._absent or self._api_present(VOLCANO_PODGROUP.key),
+            volumes=self._volumes.verdicts,
         )
         self._resolved = (self._generation, resolution)
         return resolution

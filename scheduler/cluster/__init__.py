@@ -5,6 +5,8 @@
 - :mod:`.selectors` - taints/tolerations, nodeSelector, required node affinity
 - :mod:`.podspec`, :mod:`.queuespec` - API objects (JSON form) to domain types
 - :mod:`.unsupported` - placement fields not evaluated yet (the pod waits, named); gates
+- :mod:`.hostports`, :mod:`.volumes` - host ports as node resources; where a pod's
+  PersistentVolumeClaims let it run (node affinity ANDed in) or why it waits for them
 - :mod:`.snapshot` - the immutable per-cycle view, JSON round-trip
 """
 

@@ -97,6 +97,13 @@ class Pod:
     #: Placement rules of an unbound pod the scheduler does not evaluate yet (field paths,
     #: :func:`scheduler.cluster.unsupported.unsupported_fields`): its gang waits, named.
     unsupported: tuple[str, ...] = ()
+    #: (reason code, message) why an unbound pod cannot be placed yet although its spec is
+    #: fine - its PersistentVolumeClaims (:mod:`scheduler.cluster.volumes`); set when the
+    #: snapshot's pods are resolved. Its gang waits with that reason.
+    blocked: tuple[str, str] | None = None
+    #: True when :attr:`affinity` includes the node affinity of the pod's PersistentVolumes
+    #: (so a message about it can say where it comes from).
+    volume_affinity: bool = False
 
     @property
     def key(self) -> str:

@@ -55,6 +55,7 @@ __all__ = [
     "duration_seconds",
     "effective_requests",
     "gang_hints",
+    "node_selector_terms",
     "parse_timestamp",
     "pod_from_k8s",
 ]
@@ -208,19 +209,19 @@ def _tolerations(spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
     return tuple(out)
 
 
-def _affinity(spec: Mapping[str, Any]) -> tuple[NodeSelectorTerm, ...]:
-    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ) or {}
+def node_selector_terms(raw: Any, path: str) -> tuple[NodeSelectorTerm, ...]:
+    """The ``nodeSelectorTerms`` list ``raw`` (of a pod's required node affinity, or a
+    PersistentVolume's) as terms; ``path`` names the list in errors. ``matchFields`` on a key
+    other than ``metadata.name`` is skipped: callers report it (the rule is not evaluated)."""
     terms = []
-    for i, term in enumerate(required.get("nodeSelectorTerms") or []):
+    for i, term in enumerate(raw if isinstance(raw, list) else []):
+        term = term if isinstance(term, Mapping) else {}
         reqs = []
         for j, e in enumerate(term.get("matchExpressions") or []):
             op = e.get("operator")
             if op not in _OPERATORS:
                 raise PodSpecError(
-                    f"spec.affinity.nodeAffinity.required.nodeSelectorTerms[{i}]"
-                    f".matchExpressions[{j}].operator",
+                    f"{path}[{i}].matchExpressions[{j}].operator",
                     f"{op!r} is not one of {', '.join(_OPERATORS)}",
                 )
             reqs.append(NodeSelectorRequirement(e.get("key", ""), op, tuple(e.get("values") or ())))
@@ -232,13 +233,22 @@ def _affinity(spec: Mapping[str, Any]) -> tuple[NodeSelectorTerm, ...]:
             op = e.get("operator", "In")
             if op not in _OPERATORS:
                 raise PodSpecError(
-                    f"spec.affinity.nodeAffinity.required.nodeSelectorTerms[{i}]"
-                    f".matchFields[{j}].operator",
+                    f"{path}[{i}].matchFields[{j}].operator",
                     f"{op!r} is not one of {', '.join(_OPERATORS)}",
                 )
             reqs.append(NodeSelectorRequirement("metadata.name", op, tuple(e.get("values") or ())))
         terms.append(NodeSelectorTerm(tuple(reqs)))
     return tuple(terms)
+
+
+def _affinity(spec: Mapping[str, Any]) -> tuple[NodeSelectorTerm, ...]:
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    return node_selector_terms(
+        required.get("nodeSelectorTerms"),
+        "spec.affinity.nodeAffinity.required.nodeSelectorTerms",
+    )
 
 
 def parse_timestamp(value: str | None) -> float:

@@ -14,9 +14,10 @@ Kubernetes would never put it). :func:`unsupported_fields` lists such fields of 
 
 Preferences are not listed: ``preferredDuringSchedulingIgnoredDuringExecution`` pod (anti-)
 affinity and node affinity, and spread constraints with ``whenUnsatisfiable: ScheduleAnyway``,
-are not applied yet, which never makes a placement wrong. The topology of PersistentVolumeClaims
-is not honoured yet either and is not listed (docs/constraints.md says so). Host ports are
-honoured (:mod:`scheduler.cluster.hostports`).
+are not applied yet, which never makes a placement wrong. Host ports are honoured
+(:mod:`scheduler.cluster.hostports`). PersistentVolumeClaims are judged when the snapshot is
+built, against the claims and volumes the cache holds (:mod:`scheduler.cluster.volumes`): an
+unbound ``WaitForFirstConsumer`` claim makes the pod wait with ``UnsupportedField`` there.
 
 :func:`scheduling_gates` reads ``spec.schedulingGates``: a gated pod is not scheduled, and not
 pending work, until the gates are removed (Kubernetes' semantics; the API server itself marks

@@ -20,6 +20,8 @@ from scheduler.explain.codes import (
     QUEUE_MISSING,
     SCHEDULING_GATED,
     UNSUPPORTED_FIELD,
+    VOLUME_NOT_BOUND,
+    VOLUME_NOT_FOUND,
 )
 from scheduler.explain.reasons import explain_unplaced
 
@@ -39,5 +41,7 @@ __all__ = [
     "QUEUE_MISSING",
     "SCHEDULING_GATED",
     "UNSUPPORTED_FIELD",
+    "VOLUME_NOT_BOUND",
+    "VOLUME_NOT_FOUND",
     "explain_unplaced",
 ]

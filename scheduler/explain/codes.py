@@ -1,8 +1,8 @@
 """Reason codes of an unplaced gang (the ``reason_code`` of a GangOutcome).
 
 The queue codes and the pod codes found before solving (``UnsupportedField``,
-``SchedulingGated``) come from :mod:`scheduler.fairness`; they are repeated here so one import
-gives the whole list.
+``VolumeNotFound``, ``VolumeNotBound``, ``SchedulingGated``) come from
+:mod:`scheduler.fairness`; they are repeated here so one import gives the whole list.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from scheduler.fairness.findings import (
     QUEUE_MISSING,
     SCHEDULING_GATED,
     UNSUPPORTED_FIELD,
+    VOLUME_NOT_BOUND,
+    VOLUME_NOT_FOUND,
 )
 
 __all__ = [
@@ -32,6 +34,8 @@ __all__ = [
     "QUEUE_MISSING",
     "SCHEDULING_GATED",
     "UNSUPPORTED_FIELD",
+    "VOLUME_NOT_BOUND",
+    "VOLUME_NOT_FOUND",
 ]
 
 #: Fewer pods exist than the gang must place together.
@@ -54,6 +58,8 @@ ALL_CODES: tuple[str, ...] = (
     QUEUE_INVALID,
     NON_LEAF_QUEUE,
     UNSUPPORTED_FIELD,
+    VOLUME_NOT_FOUND,
+    VOLUME_NOT_BOUND,
     SCHEDULING_GATED,
     GANG_INCOMPLETE,
     QUEUE_LIMIT,

@@ -60,7 +60,12 @@ def _no_match_message(pod: Pod, m: Matching, node_count: int) -> str:
     if pod.node_selector and m.selector_ok == 0:
         return f"no node matches nodeSelector {format_selector(pod.node_selector)}"
     if pod.affinity and m.affinity_ok == 0:
-        return f"no node matches the pod's required node affinity ({format_terms(pod.affinity)})"
+        whose = (
+            "the required node affinity of the pod and its persistentvolumes"
+            if pod.volume_affinity
+            else "the pod's required node affinity"
+        )
+        return f"no node matches {whose} ({format_terms(pod.affinity)})"
     taints = ", ".join(format_taint(t) for t, _ in m.blocking_taints.most_common(3))
     if m.blocking_taints and m.unschedulable:
         return (
@@ -149,7 +154,7 @@ class _Explainer:
         signature = (
             gang.queue,
             gang.preemptible,
-            tuple((pod_rules(p), p.requests, p.gpu) for p in to_place),
+            tuple((pod_rules(p), p.requests, p.gpu, p.volume_affinity) for p in to_place),
         )
         names = [key, *(p.key for p in to_place)]
         cached = self._class_cache.get(signature)

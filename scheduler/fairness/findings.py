@@ -3,7 +3,9 @@
 A gang whose queue does not exist, sits in a broken part of the tree (parent cycle, unknown
 parent) or has child queues is left pending with a reason; every other queue works normally.
 So is a gang with a pod that uses a placement rule the scheduler does not evaluate yet
-(``UnsupportedField``, :mod:`scheduler.cluster.unsupported`), and a gang that cannot be placed
+(``UnsupportedField``, :mod:`scheduler.cluster.unsupported`), a gang with a pod that waits for
+its PersistentVolumeClaims (:attr:`Pod.blocked`: ``VolumeNotFound``, ``VolumeNotBound``, or
+``UnsupportedField``; :mod:`scheduler.cluster.volumes`), and a gang that cannot be placed
 because some of its pods are gated (``SchedulingGated``: fewer ungated pods wait than the gang
 needs placed together). Checked in that order; the first that applies is the finding.
 """
@@ -19,6 +21,7 @@ from scheduler.cluster.unsupported import (
     podgroup_unsupported_message,
     unsupported_message,
 )
+from scheduler.cluster.volumes import VOLUME_NOT_BOUND, VOLUME_NOT_FOUND
 from scheduler.fairness.usage import gang_need
 
 __all__ = [
@@ -27,6 +30,8 @@ __all__ = [
     "QUEUE_MISSING",
     "SCHEDULING_GATED",
     "UNSUPPORTED_FIELD",
+    "VOLUME_NOT_BOUND",
+    "VOLUME_NOT_FOUND",
     "gang_findings",
     "gang_pods_problem",
     "queue_problem",
@@ -81,16 +86,19 @@ def queue_problem(tree: QueueTree, queue: str) -> tuple[str, str] | None:
 
 
 def gang_pods_problem(snapshot: Snapshot, gang: Gang, waiting: list[Pod]) -> tuple[str, str] | None:
-    """Why ``gang`` must not be scheduled because of its ``waiting`` pods (pending or gated
-    ones with unsupported fields or gates), or None."""
+    """Why ``gang`` must not be scheduled because of its ``waiting`` pods (pending ones with
+    unsupported fields or blocked by their volumes, gated ones), or None."""
     unsupported = sorted((p for p in waiting if p.unsupported), key=lambda p: p.key)
     if unsupported:
         first = unsupported[0]
         message = unsupported_message(first.key, first.unsupported)
-        if len(unsupported) > 1:
-            others = len(unsupported) - 1
-            message += f"; {others} more pod{'s' if others > 1 else ''} of gang {gang.key} too"
-        return (UNSUPPORTED_FIELD, message)
+        return (UNSUPPORTED_FIELD, message + _more(len(unsupported) - 1, gang))
+    blocked = sorted((p for p in waiting if p.blocked and p.pending), key=lambda p: p.key)
+    if blocked:
+        first = blocked[0]
+        assert first.blocked is not None
+        code, message = first.blocked
+        return (code, f"pod {first.key}: {message}{_more(len(blocked) - 1, gang)}")
     gated = sorted((p for p in waiting if p.gated), key=lambda p: p.key)
     if not gated:
         return None
@@ -106,6 +114,13 @@ def gang_pods_problem(snapshot: Snapshot, gang: Gang, waiting: list[Pod]) -> tup
     return (SCHEDULING_GATED, message)
 
 
+def _more(others: int, gang: Gang) -> str:
+    """What a finding adds when more pods of the gang wait for the same kind of reason."""
+    if not others:
+        return ""
+    return f"; {others} more pod{'s' if others > 1 else ''} of gang {gang.key} too"
+
+
 def gang_findings(snapshot: Snapshot) -> dict[str, tuple[str, str]]:
     """Gang key -> (reason_code, message) for pending gangs whose queue cannot take jobs, and
     for gangs that wait because of their pods (:func:`gang_pods_problem`; also when every
@@ -116,7 +131,7 @@ def gang_findings(snapshot: Snapshot) -> dict[str, tuple[str, str]]:
     for p in snapshot.pods:
         if p.pending:
             pending.add(p.gang)
-            if p.unsupported:
+            if p.unsupported or p.blocked:
                 waiting.setdefault(p.gang, []).append(p)
         elif p.gated:
             waiting.setdefault(p.gang, []).append(p)

@@ -57,7 +57,7 @@ def queue_usage(snapshot: Snapshot) -> QueueUsage:
 
     Pods of other schedulers take node capacity but are not charged to any queue. Pods that
     cannot be placed whatever their queue's share - gated ones, and pending ones with a
-    placement rule that is not supported yet - ask for nothing.
+    placement rule that is not supported yet or waiting for their volumes - ask for nothing.
     """
     allocated: defaultdict[str, dict[str, int]] = defaultdict(_zeros)
     pending: defaultdict[str, dict[str, int]] = defaultdict(_zeros)
@@ -68,7 +68,7 @@ def queue_usage(snapshot: Snapshot) -> QueueUsage:
             continue
         if pod.bound:
             into = allocated
-        elif pod.pending and not pod.unsupported:
+        elif pod.pending and not pod.unsupported and not pod.blocked:
             into = pending
         else:
             continue

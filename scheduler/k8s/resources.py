@@ -19,14 +19,18 @@ __all__ = [
     "KINDS",
     "LEASE",
     "NODE",
+    "PERSISTENT_VOLUME",
+    "PERSISTENT_VOLUME_CLAIM",
     "POD",
     "PODGROUP",
     "POD_DISRUPTION_BUDGET",
     "PRIORITY_CLASS",
     "QUEUE",
+    "STORAGE_CLASS",
     "VOLCANO_KINDS",
     "VOLCANO_PODGROUP",
     "VOLCANO_QUEUE",
+    "VOLUME_KINDS",
     "WATCHED_KINDS",
     "ResourceKind",
     "kind_of",
@@ -82,6 +86,16 @@ PRIORITY_CLASS = ResourceKind(
 POD_DISRUPTION_BUDGET = ResourceKind(
     "PodDisruptionBudget", "policy", "v1", "poddisruptionbudgets", namespaced=True
 )
+#: Read for the volumes of pending pods (:mod:`scheduler.cluster.volumes`).
+PERSISTENT_VOLUME_CLAIM = ResourceKind(
+    "PersistentVolumeClaim", "", "v1", "persistentvolumeclaims", namespaced=True
+)
+PERSISTENT_VOLUME = ResourceKind(
+    "PersistentVolume", "", "v1", "persistentvolumes", namespaced=False
+)
+STORAGE_CLASS = ResourceKind(
+    "StorageClass", "storage.k8s.io", "v1", "storageclasses", namespaced=False
+)
 #: Written, not watched.
 BINDING = ResourceKind("Binding", "", "v1", "bindings", namespaced=True)
 EVENT = ResourceKind("Event", "events.k8s.io", "v1", "events", namespaced=True)
@@ -109,6 +123,9 @@ KINDS: dict[str, ResourceKind] = {
         PODGROUP,
         PRIORITY_CLASS,
         POD_DISRUPTION_BUDGET,
+        PERSISTENT_VOLUME_CLAIM,
+        PERSISTENT_VOLUME,
+        STORAGE_CLASS,
         BINDING,
         EVENT,
         LEASE,
@@ -124,15 +141,22 @@ WATCHED_KINDS: tuple[str, ...] = (
     "PodGroup",
     "PriorityClass",
     "PodDisruptionBudget",
+    "PersistentVolumeClaim",
+    "PersistentVolume",
+    "StorageClass",
 )
+#: The kinds that say where a pod's volumes may be used (pods that use none never wait for
+#: them).
+VOLUME_KINDS: tuple[str, ...] = ("PersistentVolumeClaim", "PersistentVolume", "StorageClass")
 #: Volcano's kinds, watched too by the scheduler process (``scheduler.runner``). Optional:
 #: without Volcano's CRDs they count as listed with no objects and their list is retried.
 VOLCANO_KINDS: tuple[str, ...] = (VOLCANO_QUEUE.key, VOLCANO_PODGROUP.key)
 #: Watched kinds the scheduler can work without: a list that is forbidden (an RBAC role from
 #: an older release) or not found counts as listed with no objects, so it never holds up
 #: scheduling. Without PodDisruptionBudgets the plan cannot honour them, but the Eviction API
-#: still does (a refused eviction drops the plan that needed it).
-DEGRADABLE_KINDS: frozenset[str] = frozenset({"PodDisruptionBudget", *VOLCANO_KINDS})
+#: still does (a refused eviction drops the plan that needed it). Without the volume kinds
+#: only pods that use PersistentVolumeClaims wait, with a reason naming what to grant.
+DEGRADABLE_KINDS: frozenset[str] = frozenset({"PodDisruptionBudget", *VOLUME_KINDS, *VOLCANO_KINDS})
 #: Keys of the cluster-scoped kinds the cache stores.
 CLUSTER_SCOPED_KINDS: frozenset[str] = frozenset(k.key for k in KINDS.values() if not k.namespaced)
 

@@ -7,7 +7,8 @@ without a PodGroup get one implicit gang per pod.
 
 Placement rules the scheduler does not evaluate yet (``podAntiAffinity``, ``hostPort``, ...;
 see :mod:`scheduler.cluster.unsupported`) are kept on the pods: their gangs wait with reason
-``UnsupportedField``, as in a cluster. Scheduling gates are refused (nothing would remove them).
+``UnsupportedField``, as in a cluster. Scheduling gates are refused (nothing would remove them),
+and so are volumes backed by PersistentVolumeClaims (a simulation has no claims or volumes).
 
 A job with ``running`` is already running when the simulation starts: its pods are bound to the
 named nodes since ``startTime`` (zero or negative: before the start); their GPU devices are
@@ -30,6 +31,7 @@ from scheduler.cluster.podspec import (
     pod_from_k8s,
 )
 from scheduler.cluster.queuespec import SpecError, gang_from_k8s
+from scheduler.cluster.volumes import pod_claims
 from scheduler.simulate.fields import (
     ScenarioError,
     check_known,
@@ -177,6 +179,12 @@ def _template(pods: Mapping[str, Any], path: str) -> dict[str, Any]:
             f"{path}.template.spec.schedulingGates",
             "nothing removes scheduling gates in a simulation, so these pods would never be "
             "scheduled; remove spec.schedulingGates",
+        )
+    if pod_claims(spec, "pod"):
+        raise ScenarioError(
+            f"{path}.template.spec.volumes",
+            "a simulation has no PersistentVolumeClaims or volumes, so these pods would never "
+            "be scheduled; remove the persistentVolumeClaim and ephemeral volumes",
         )
     if not spec.get("containers"):
         raise ScenarioError(

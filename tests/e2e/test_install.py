@@ -194,6 +194,8 @@ def _assert_least_privilege(cp: ControlPlane, namespace: str, make_gpu_nodes: Ma
         ("watch", "priorityclasses.scheduling.k8s.io", None),
         ("watch", "poddisruptionbudgets.policy", None),
         ("list", "poddisruptionbudgets.policy", namespace),
+        ("watch", "persistentvolumeclaims", None), ("get", "persistentvolumeclaims", namespace),
+        ("watch", "persistentvolumes", None), ("watch", "storageclasses.storage.k8s.io", None),
         ("create", "leases.coordination.k8s.io", NS), ("update", "leases.coordination.k8s.io", NS),
     ]  # fmt: skip
     denied_list = [
@@ -204,6 +206,8 @@ def _assert_least_privilege(cp: ControlPlane, namespace: str, make_gpu_nodes: Ma
         ("delete", "podgroups.scheduling.run.ai", namespace),
         ("create", "leases.coordination.k8s.io", namespace), ("create", "priorityclasses", None),
         ("delete", "poddisruptionbudgets.policy", namespace),
+        ("update", "persistentvolumeclaims", namespace), ("patch", "persistentvolumes", None),
+        ("create", "persistentvolumes", None), ("delete", "storageclasses.storage.k8s.io", None),
         ("create", "clusterrolebindings", None), ("delete", "namespaces", None),
     ]  # fmt: skip
     wrong = [a for a in allowed if not _can_i(cp, kubeconfig, *a)]

@@ -111,7 +111,8 @@ async def test_watch_sees_every_kind_created_updated_deleted(
     cp = control_plane
     async with watching(admin(cp)) as (cache, watcher):
         assert watcher.listed == {
-            "Pod", "Node", "Queue", "PodGroup", "PriorityClass", "PodDisruptionBudget"
+            "Pod", "Node", "Queue", "PodGroup", "PriorityClass", "PodDisruptionBudget",
+            "PersistentVolumeClaim", "PersistentVolume", "StorageClass",
         }  # fmt: skip
         (node,) = await asyncio.to_thread(make_gpu_nodes, 1, gpus=4)
         queue = f"q-{namespace}"

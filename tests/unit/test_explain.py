@@ -160,6 +160,40 @@ CASES = {
         "as nvidia.com/gpu)",
         gangs={"job": (2, "team-a", True)},
     ),
+    "volume not found": Case(
+        [node("n1")],
+        [
+            pod("job-0", "job", gpus=1),
+            pod(
+                "job-1",
+                "job",
+                gpus=1,
+                blocked=("VolumeNotFound", "persistentvolumeclaim ns/data not found"),
+            ),
+        ],
+        "VolumeNotFound",
+        "pod ns/job-1: persistentvolumeclaim ns/data not found",
+        gangs={"job": (2, "team-a", True)},
+    ),
+    "volume not bound": Case(
+        [node("n1")],
+        [
+            pod(
+                f"job-{i}",
+                "job",
+                gpus=1,
+                blocked=(
+                    "VolumeNotBound",
+                    f"waiting for persistentvolumeclaim ns/d-{i} to be bound",
+                ),
+            )
+            for i in range(3)
+        ],
+        "VolumeNotBound",
+        "pod ns/job-0: waiting for persistentvolumeclaim ns/d-0 to be bound; 2 more pods of gang "
+        "ns/job too",
+        gangs={"job": (3, "team-a", True)},
+    ),
     "scheduling gated": Case(
         [node("n1")],
         [

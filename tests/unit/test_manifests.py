@@ -52,6 +52,13 @@ REQUIRED_CLUSTER_PERMISSIONS: set[tuple[str, str, str]] = {
     ("scheduling.volcano.sh", "queues", "create"),
     *{("scheduling.k8s.io", "priorityclasses", v) for v in ("get", "list", "watch")},
     *{("policy", "poddisruptionbudgets", v) for v in ("list", "watch")},
+    # Read-only: the scheduler never binds or provisions volumes.
+    *{
+        ("", r, v)
+        for r in ("persistentvolumeclaims", "persistentvolumes")
+        for v in ("get", "list", "watch")
+    },
+    *{("storage.k8s.io", "storageclasses", v) for v in ("get", "list", "watch")},
 }
 REQUIRED_LEASE_PERMISSIONS = {
     ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update", "patch")
