@@ -58,6 +58,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="never evict (reclaim, preemption, consolidation, shrink) in the cycles",
     )
+    p.add_argument(
+        "--constraints",
+        type=float,
+        default=0.0,
+        help="share of pending gangs with required hostname anti-affinity or zone spread "
+        "among their pods (nodes then carry hostname labels)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cycles", type=int, default=5)
     p.add_argument(
@@ -114,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmark; print one JSON line; 0 when every placement was valid."""
     if args.nodes < 1 or args.gangs < 0 or not 0 <= args.fill <= 1 or args.cycles < 1:
         raise SystemExit("--nodes >= 1, --gangs >= 0, --cycles >= 1 and 0 <= --fill <= 1")
+    if not 0 <= args.constraints <= 1:
+        raise SystemExit("--constraints must be between 0 and 1 (a share of the gangs)")
     if not 0 <= args.running_fill <= 1:
         raise SystemExit("--running-fill must be between 0 and 1 (a share of the GPUs)")
     try:
@@ -145,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
             args.jitter,
             priorities,
             args.running_fill,
+            args.constraints,
         )
         snap = synthetic_snapshot(spec)
         started, cpu_started = time.perf_counter(), time.process_time()
@@ -182,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
         "gangs": args.gangs,
         "fill": args.fill,
         "running_fill": args.running_fill,
+        "constraints": args.constraints,
         "take_back": not args.no_take_back,
         "seed": args.seed,
         "cycles": args.cycles,

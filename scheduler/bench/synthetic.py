@@ -24,6 +24,7 @@ from typing import Any
 from scheduler.cluster.gang import Gang
 from scheduler.cluster.node import GPU_MILLI, Node, Taint
 from scheduler.cluster.pod import GpuRequest, Pod, PodPhase
+from scheduler.cluster.podaffinity import LabelSelector, PodAffinityTerm, SpreadConstraint
 from scheduler.cluster.queue import UNLIMITED, Queue, QueueResource
 from scheduler.cluster.resources import CPU, GPU, MEMORY, PODS, Resources
 from scheduler.cluster.selectors import NodeSelectorRequirement, NodeSelectorTerm, Toleration
@@ -88,6 +89,9 @@ def make_pod(
     affinity: Iterable[NodeSelectorTerm] = (),
     created: float = 0.0,
     started: float = 0.0,
+    labels: dict[str, str] | None = None,
+    anti_affinity: Iterable[PodAffinityTerm] = (),
+    spread: Iterable[SpreadConstraint] = (),
 ) -> Pod:
     """A pod; running (phase Running) when ``node`` is given, else pending.
 
@@ -120,6 +124,9 @@ def make_pod(
         gpu_grant=grant,
         creation_time=created,
         start_time=started,
+        labels=tuple(sorted((labels or {}).items())),
+        pod_anti_affinity=tuple(anti_affinity),
+        spread=tuple(spread),
     )
 
 
@@ -204,6 +211,11 @@ class ClusterSpec:
     #: Share of all GPUs held by running preemptible gangs of over-quota queues (see the
     #: module docstring); 0 keeps the plain fill (and the exact same snapshots as before).
     running_fill: float = 0.0
+    #: Share of pending gangs whose pods keep apart: half of them with required
+    #: anti-affinity on ``kubernetes.io/hostname`` among the gang's pods (one pod per node),
+    #: half with a zone spread constraint (maxSkew 1, DoNotSchedule). Nodes then carry a
+    #: hostname label, as real nodes do. 0 keeps the exact same snapshots as before.
+    constraints: float = 0.0
 
 
 # (share of nodes, gpus scale, cpu cores, memory GiB, labels, taints)
@@ -263,6 +275,17 @@ def _pick_shape(roll: float) -> tuple[float, float, int, int, dict[str, str], tu
     return _NODE_SHAPES[-1]
 
 
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+def _apart(job: str, *, spread: bool) -> dict[str, Any]:
+    """Pod arguments that keep a gang's pods apart: one per node, or balanced over zones."""
+    mine = LabelSelector((("job", job),))
+    if spread:
+        return {"labels": {"job": job}, "spread": (SpreadConstraint(1, "zone", mine),)}
+    return {"labels": {"job": job}, "anti_affinity": (PodAffinityTerm(HOSTNAME_LABEL, mine),)}
+
+
 def synthetic_snapshot(spec: ClusterSpec) -> Snapshot:
     """A heterogeneous cluster at ``spec.fill`` GPU usage with ``spec.gangs`` pending gangs."""
     rng = random.Random(spec.seed)
@@ -271,6 +294,8 @@ def synthetic_snapshot(spec: ClusterSpec) -> Snapshot:
         shape = _pick_shape(rng.random())
         _, scale, cpu, mem, labels, taints = shape
         gpus = max(1, round(spec.gpus_per_node * scale))
+        if spec.constraints:
+            labels = {**labels, HOSTNAME_LABEL: f"node-{i:05d}"}
         nodes.append(
             make_node(
                 f"node-{i:05d}",
@@ -359,6 +384,8 @@ def synthetic_snapshot(spec: ClusterSpec) -> Snapshot:
             )
         if gpus == 0 and rng.random() < 0.5:
             extra["fraction"] = 0.25 * rng.randint(1, 3)
+        if spec.constraints and rng.random() < spec.constraints:
+            extra.update(_apart(f"job-{g:05d}", spread=rng.random() < 0.5))
         gang, members = make_gang(
             f"job-{g:05d}",
             size,

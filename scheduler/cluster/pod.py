@@ -6,6 +6,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from scheduler.cluster.node import GPU_MILLI, Node
+from scheduler.cluster.podaffinity import (
+    HOSTNAME_LABEL,
+    PodAffinityTerm,
+    Preferences,
+    SpreadConstraint,
+)
 from scheduler.cluster.resources import Resources
 from scheduler.cluster.selectors import NodeSelectorTerm, Toleration, node_accepts
 
@@ -104,11 +110,52 @@ class Pod:
     #: True when :attr:`affinity` includes the node affinity of the pod's PersistentVolumes
     #: (so a message about it can say where it comes from).
     volume_affinity: bool = False
+    #: The pod's own required node affinity when :attr:`volume_affinity` (then
+    #: :attr:`affinity` is combined with its volumes'): spread constraints with
+    #: ``nodeAffinityPolicy: Honor`` read only the pod's own, as kube-scheduler does.
+    spec_affinity: tuple[NodeSelectorTerm, ...] = ()
+    #: The pod's labels (pod affinity, anti-affinity and spread constraints select by them).
+    labels: tuple[tuple[str, str], ...] = ()
+    #: Required pod affinity / anti-affinity terms and DoNotSchedule spread constraints
+    #: (:mod:`scheduler.cluster.podaffinity`). Anti-affinity is read for bound pods too:
+    #: it keeps matching pods out of their domain (the rule is symmetric).
+    pod_affinity: tuple[PodAffinityTerm, ...] = ()
+    pod_anti_affinity: tuple[PodAffinityTerm, ...] = ()
+    spread: tuple[SpreadConstraint, ...] = ()
+    #: Preferred pod (anti-)affinity, ScheduleAnyway spread and preferred node affinity of
+    #: an unbound pod (None: none); applied among the best-packed nodes that fit.
+    preferences: Preferences | None = None
 
     @property
     def key(self) -> str:
         """``namespace/name``."""
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def label_map(self) -> dict[str, str]:
+        """Labels as a dict."""
+        return dict(self.labels)
+
+    @property
+    def own_affinity(self) -> tuple[NodeSelectorTerm, ...]:
+        """The required node affinity the pod's spec gives (without its volumes')."""
+        return self.spec_affinity if self.volume_affinity else self.affinity
+
+    @property
+    def one_per_node(self) -> bool:
+        """True when the pod's own anti-affinity keeps pods like it one per node (a term on
+        the hostname label that selects the pod itself): at most one per node, whatever
+        else the rules say."""
+        labels = self.label_map
+        return any(
+            t.topology_key == HOSTNAME_LABEL and t.matches(self.namespace, labels)
+            for t in self.pod_anti_affinity
+        )
+
+    @property
+    def topology_rules(self) -> bool:
+        """True when where other pods run decides where this pod may go."""
+        return bool(self.pod_affinity or self.pod_anti_affinity or self.spread)
 
     @property
     def started(self) -> float:

@@ -30,6 +30,7 @@ from typing import Any, Literal
 from scheduler.cluster.hostports import host_port_requests
 from scheduler.cluster.node import GPU_MILLI
 from scheduler.cluster.pod import GpuRequest, Pod, PodPhase
+from scheduler.cluster.podaffinity import Preferences, parse_pod_preferences, parse_pod_rules
 from scheduler.cluster.quantity import QuantityError, parse_quantity
 from scheduler.cluster.resources import GPU, Resources
 from scheduler.cluster.selectors import (
@@ -251,6 +252,26 @@ def _affinity(spec: Mapping[str, Any]) -> tuple[NodeSelectorTerm, ...]:
     )
 
 
+def _preferences(spec: Any, namespace: str, labels: Mapping[str, str]) -> Preferences | None:
+    """Preferences of a pending pod (never raises: an unreadable preference is left out)."""
+    spec = spec if isinstance(spec, Mapping) else {}
+    node_affinity = (spec.get("affinity") or {}).get("nodeAffinity") or {}
+    nodes: list[tuple[int, NodeSelectorTerm]] = []
+    preferred = node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution")
+    for raw in preferred if isinstance(preferred, list) else []:
+        raw = raw if isinstance(raw, Mapping) else {}
+        weight = raw.get("weight")
+        if not isinstance(weight, int) or isinstance(weight, bool) or not 1 <= weight <= 100:
+            continue
+        try:
+            terms = node_selector_terms([raw.get("preference")], "preference")
+        except PodSpecError:
+            continue
+        if terms and terms[0].requirements:
+            nodes.append((weight, terms[0]))
+    return parse_pod_preferences(spec, namespace, labels, tuple(nodes))
+
+
 def parse_timestamp(value: str | None) -> float:
     """RFC 3339 timestamp from the API to epoch seconds (0 when absent)."""
     if not value:
@@ -431,7 +452,10 @@ def pod_from_k8s(
         gang_hints(obj)  # the label and annotation of an implicit gang must be readable
     waits = managed and not node_name
     gates = scheduling_gates(spec) if waits else ()
-    unsupported = unsupported_fields(spec) if waits else ()
+    pod_labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
+    rules = parse_pod_rules(spec, namespace, pod_labels)
+    preferences = _preferences(spec, namespace, pod_labels) if waits else None
+    unsupported = unsupported_fields(spec, namespace, pod_labels) if waits else ()
     phase_raw = status.get("phase") or "Pending"
     try:
         phase = PodPhase(phase_raw)
@@ -464,4 +488,9 @@ def pod_from_k8s(
         scheduling_gates=gates,
         unsupported=unsupported,
         nominated=nominated,
+        labels=tuple(sorted(pod_labels.items())),
+        pod_affinity=rules.affinity if waits else (),
+        pod_anti_affinity=rules.anti_affinity,
+        spread=rules.spread if waits else (),
+        preferences=preferences,
     )

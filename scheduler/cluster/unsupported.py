@@ -4,17 +4,18 @@ The product's rule: a field that affects where a pod may run and is not implemen
 pod wait with a reason that names it; it is never silently ignored (the pod would land where
 Kubernetes would never put it). :func:`unsupported_fields` lists such fields of a pod spec:
 
-- ``spec.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution`` and the same
-  of ``podAntiAffinity``;
-- ``spec.topologySpreadConstraints[i]`` with ``whenUnsatisfiable: DoNotSchedule`` (the
-  Kubernetes default);
+- required pod (anti-)affinity terms with a ``namespaceSelector`` that selects by labels
+  (Namespace labels are not watched), and terms or ``DoNotSchedule`` spread constraints
+  that cannot be read (:func:`scheduler.cluster.podaffinity.parse_pod_rules` lists them;
+  readable ones are honoured, :mod:`scheduler.framework.topology`);
 - required node affinity ``matchFields`` on a key other than ``metadata.name`` (the only field
   Kubernetes defines; the rest of node affinity, ``Gt``/``Lt`` included, is evaluated);
 - ``spec.resourceClaims`` (dynamic resource allocation: the claim would never be allocated).
 
 Preferences are not listed: ``preferredDuringSchedulingIgnoredDuringExecution`` pod (anti-)
 affinity and node affinity, and spread constraints with ``whenUnsatisfiable: ScheduleAnyway``,
-are not applied yet, which never makes a placement wrong. Host ports are honoured
+are applied where they can be (:func:`scheduler.cluster.podaffinity.parse_pod_preferences`);
+one left out never makes a placement wrong. Host ports are honoured
 (:mod:`scheduler.cluster.hostports`). PersistentVolumeClaims are judged when the snapshot is
 built, against the claims and volumes the cache holds (:mod:`scheduler.cluster.volumes`): an
 unbound ``WaitForFirstConsumer`` claim makes the pod wait with ``UnsupportedField`` there.
@@ -30,6 +31,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from scheduler.cluster.podaffinity import parse_pod_rules
 
 __all__ = [
     "POD_AFFINITY_REQUIRED",
@@ -50,10 +53,15 @@ _SHOWN = 3
 
 #: (path prefix, what to do) per kind of field, in the order of :func:`unsupported_fields`.
 _FIXES: tuple[tuple[str, str], ...] = (
-    (POD_AFFINITY_REQUIRED, "remove the required pod affinity, or use a node selector/affinity"),
+    (
+        POD_AFFINITY_REQUIRED,
+        "list the namespaces in `namespaces` (or use namespaceSelector: {} for all), and give "
+        "every term a topologyKey and a labelSelector with In/NotIn/Exists/DoesNotExist",
+    ),
     (
         POD_ANTI_AFFINITY_REQUIRED,
-        "remove the required pod anti-affinity, or use a node selector/affinity",
+        "list the namespaces in `namespaces` (or use namespaceSelector: {} for all), and give "
+        "every term a topologyKey and a labelSelector with In/NotIn/Exists/DoesNotExist",
     ),
     (
         _NODE_TERMS,
@@ -61,8 +69,8 @@ _FIXES: tuple[tuple[str, str], ...] = (
     ),
     (
         "spec.topologySpreadConstraints",
-        "remove the constraint, or set whenUnsatisfiable: ScheduleAnyway, a preference not "
-        "applied yet",
+        "give the constraint a topologyKey, maxSkew >= 1, minDomains >= 1 and a labelSelector "
+        "with In/NotIn/Exists/DoesNotExist",
     ),
     (
         "spec.resourceClaims",
@@ -91,23 +99,16 @@ def _node_affinity(affinity: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def unsupported_fields(spec: Any) -> tuple[str, ...]:
+def unsupported_fields(
+    spec: Any, namespace: str = "", labels: Mapping[str, str] | None = None
+) -> tuple[str, ...]:
     """Paths of the placement rules in pod ``spec`` the scheduler does not evaluate yet (see
-    the module docstring); empty when it can place the pod as Kubernetes would."""
+    the module docstring); empty when it can place the pod as Kubernetes would. ``namespace``
+    and ``labels`` are the pod's (pod affinity terms are read relative to them)."""
     spec = _mapping(spec)
-    out: list[str] = []
     affinity = _mapping(spec.get("affinity"))
-    for kind, path in (
-        ("podAffinity", POD_AFFINITY_REQUIRED),
-        ("podAntiAffinity", POD_ANTI_AFFINITY_REQUIRED),
-    ):
-        if _list(_mapping(affinity.get(kind)).get(_REQUIRED)):
-            out.append(path)
+    out = list(parse_pod_rules(spec, namespace, labels or {}).unsupported)
     out += _node_affinity(affinity)
-    for i, constraint in enumerate(_list(spec.get("topologySpreadConstraints"))):
-        # Unset means DoNotSchedule; anything but ScheduleAnyway is a hard rule to us.
-        if _mapping(constraint).get("whenUnsatisfiable") != "ScheduleAnyway":
-            out.append(f"spec.topologySpreadConstraints[{i}]")
     if _list(spec.get("resourceClaims")):
         out.append("spec.resourceClaims")
     return tuple(out)
@@ -120,8 +121,6 @@ def scheduling_gates(spec: Any) -> tuple[str, ...]:
 
 
 def _shown(field: str) -> str:
-    if field.startswith("spec.topologySpreadConstraints"):
-        return f"{field} (whenUnsatisfiable: DoNotSchedule)"
     return field
 
 

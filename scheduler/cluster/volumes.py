@@ -345,4 +345,6 @@ def with_volumes(pod: Pod, verdict: VolumeVerdict) -> Pod:
                 "supported yet; the pod waits (use fewer terms)",
             ),
         )
-    return dataclasses.replace(pod, affinity=combined, volume_affinity=True)
+    return dataclasses.replace(
+        pod, affinity=combined, volume_affinity=True, spec_affinity=pod.affinity
+    )

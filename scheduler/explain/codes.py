@@ -29,10 +29,13 @@ __all__ = [
     "NOT_PLACED_THIS_CYCLE",
     "NO_MATCHING_NODE",
     "OVER_QUOTA",
+    "POD_AFFINITY",
+    "POD_ANTI_AFFINITY",
     "QUEUE_INVALID",
     "QUEUE_LIMIT",
     "QUEUE_MISSING",
     "SCHEDULING_GATED",
+    "TOPOLOGY_SPREAD",
     "UNSUPPORTED_FIELD",
     "VOLUME_NOT_BOUND",
     "VOLUME_NOT_FOUND",
@@ -50,6 +53,12 @@ INSUFFICIENT_ON_ONE_NODE = "InsufficientOnOneNode"
 GANG_DOES_NOT_FIT = "GangDoesNotFit"
 #: It would have fit before this cycle's placements took the capacity.
 CAPACITY_TAKEN = "CapacityTakenThisCycle"
+#: Pod affinity: no node with a matching pod in its domain (``podAffinity`` required).
+POD_AFFINITY = "PodAffinity"
+#: Pod anti-affinity, the pod's own or that of running pods, refuses every node that fits.
+POD_ANTI_AFFINITY = "PodAntiAffinity"
+#: A DoNotSchedule topology spread constraint refuses every node that fits.
+TOPOLOGY_SPREAD = "TopologySpread"
 #: It fits what is free now; it was not reached this cycle.
 NOT_PLACED_THIS_CYCLE = "NotPlacedThisCycle"
 
@@ -68,6 +77,9 @@ ALL_CODES: tuple[str, ...] = (
     NODE_TOO_SMALL,
     INSUFFICIENT_ON_ONE_NODE,
     GANG_DOES_NOT_FIT,
+    POD_AFFINITY,
+    POD_ANTI_AFFINITY,
+    TOPOLOGY_SPREAD,
     CAPACITY_TAKEN,
     NOT_PLACED_THIS_CYCLE,
 )

@@ -5,10 +5,12 @@ and PodGroups converted by :func:`scheduler.cluster.queuespec.gang_from_k8s`, ex
 live cache does, so a scenario means what the same objects would mean in a cluster. Jobs
 without a PodGroup get one implicit gang per pod.
 
-Placement rules the scheduler does not evaluate yet (``podAntiAffinity``, ``hostPort``, ...;
-see :mod:`scheduler.cluster.unsupported`) are kept on the pods: their gangs wait with reason
-``UnsupportedField``, as in a cluster. Scheduling gates are refused (nothing would remove them),
-and so are volumes backed by PersistentVolumeClaims (a simulation has no claims or volumes).
+Placement rules the scheduler does not evaluate yet (a pod affinity ``namespaceSelector`` by
+labels, ``resourceClaims``, ...; see :mod:`scheduler.cluster.unsupported`) are kept on the
+pods: their gangs wait with reason ``UnsupportedField``, as in a cluster. Pod affinity,
+anti-affinity and spread constraints are honoured as in a cluster. Scheduling gates are
+refused (nothing would remove them), and so are volumes backed by PersistentVolumeClaims (a
+simulation has no claims or volumes).
 
 A job with ``running`` is already running when the simulation starts: its pods are bound to the
 named nodes since ``startTime`` (zero or negative: before the start); their GPU devices are

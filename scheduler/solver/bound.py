@@ -49,8 +49,8 @@ from ortools.sat.python import cp_model
 from scheduler.cluster.node import GPU_MILLI
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.queue import QueueTree
-from scheduler.cluster.selectors import node_accepts
 from scheduler.fairness import FairShareReport
+from scheduler.framework.filters import node_rules_allow
 from scheduler.solver.greedy import shape_key
 from scheduler.solver.patterns import ClassInfo, Demand, demand_of
 from scheduler.solver.rows import ModelGang, fair_rooms, queue_rows
@@ -104,7 +104,7 @@ def _capacity(classes: Sequence[ClassInfo], shapes: Sequence[Pod]) -> dict[int, 
         if caps is None:
             caps = out[info.key[0]] = _Caps()
             for s, pod in enumerate(shapes):
-                ok = node_accepts(info.node, pod.tolerations, pod.node_selector, pod.affinity)
+                ok = node_rules_allow(pod, info.node)
                 caps.demand[s] = demand_of(pod, info.node) if ok else None
     for caps in out.values():
         for d in caps.demand.values():

@@ -17,6 +17,7 @@ best non-empty class in O(log classes).
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -24,9 +25,24 @@ import structlog
 
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.queue import QUEUE_RESOURCES, pod_queue_usage
-from scheduler.cluster.selectors import node_accepts
+from scheduler.explain.codes import POD_AFFINITY, POD_ANTI_AFFINITY, TOPOLOGY_SPREAD
+from scheduler.framework.filters import (
+    FilterInput,
+    first_failure,
+    format_unavailable,
+    node_rules_allow,
+)
 from scheduler.framework.scoring import DevicePicker, NodeScorer, PodDemand, ScoreKey
 from scheduler.plugins.packing import PackingScorer
+from scheduler.plugins.podtopology import (
+    AFFINITY,
+    ANTI_AFFINITY,
+    EXISTING_ANTI_AFFINITY,
+    SPREAD,
+    SPREAD_LABEL,
+    NodeCheck,
+    Preference,
+)
 from scheduler.solver.placement import PodAssignment
 from scheduler.solver.queues import QueueBook
 from scheduler.solver.state import ClassKey, ClusterState, pick_devices, uses_node_name
@@ -52,7 +68,18 @@ NO_FIT = "NoFit"
 
 
 def shape_key(pod: Pod) -> ShapeKey:
-    """Pods with equal shape keys are interchangeable for placement."""
+    """Pods with equal shape keys are interchangeable for placement.
+
+    Pods with anti-affinity are a shape per gang: the CP-SAT patterns put at most one pod of
+    a :attr:`~scheduler.cluster.pod.Pod.one_per_node` shape on a node, which keeps one
+    gang's pods apart without keeping them from other gangs' pods.
+    """
+    return (*fit_key(pod), pod.gang if pod.pod_anti_affinity else "")
+
+
+def fit_key(pod: Pod) -> ShapeKey:
+    """Pods with equal fit keys fit and score the same on every node class (the class
+    index ranks classes once per fit key; topology rules are checked on top)."""
     return (pod.requests, pod.gpu, pod.tolerations, pod.node_selector, pod.affinity)
 
 
@@ -129,6 +156,8 @@ class ClassIndex:
         self.shapes: dict[ShapeKey, _ShapeHeap] = {}
         self._seq: dict[ClassKey, int] = {}
         self._accepts: dict[tuple[object, int], bool] = {}
+        #: whether the last :meth:`best` found room that only the topology check refused
+        self.refused_by_rules = False
 
     def close(self) -> None:
         """Stop following the state."""
@@ -165,7 +194,7 @@ class ClassIndex:
         ok = self._accepts.get((sig, slot.static_id))
         if ok is None:
             node = self.state.static_nodes[slot.static_id]
-            ok = node_accepts(node, pod.tolerations, pod.node_selector, pod.affinity)
+            ok = node_rules_allow(pod, node)
             self._accepts[(sig, slot.static_id)] = ok
         if not ok:
             return None
@@ -184,9 +213,17 @@ class ClassIndex:
             self._scores[skey] = score
         return score
 
-    def best(self, pod: Pod) -> str | None:
-        """Name of a node in the best class for ``pod``, or None when it fits nowhere."""
-        skey = shape_key(pod)
+    def best(
+        self, pod: Pod, accept: NodeCheck | None = None, prefer: Preference | None = None
+    ) -> str | None:
+        """Name of a node in the best class for ``pod``, or None when it fits nowhere.
+
+        ``accept`` (a :class:`~scheduler.plugins.podtopology.PodTopology` check) must also
+        allow the node; it is asked per member, best class first. ``prefer`` (the pod's
+        preferences) chooses among the first :data:`PREFERENCE_CANDIDATES` allowed nodes
+        in packing order (:func:`_preferred`).
+        """
+        skey = fit_key(pod)
         sh = self.shapes.get(skey)
         if sh is None:
             sh = self.shapes[skey] = _ShapeHeap(pod, len(self.shapes))
@@ -210,19 +247,91 @@ class ClassIndex:
                 sh.in_heap.add(key)
         classes = self.state.classes
         heap = sh.heap
-        while heap:
-            key = heap[0][2]
-            members = classes.get(key)
-            if members:
-                return next(iter(members))
-            heapq.heappop(heap)
-            sh.in_heap.discard(key)
+        refused: list[tuple[float, int, ClassKey]] = []
+        seen: list[str] = []  # allowed candidates, in packing order (with ``prefer``)
+        try:
+            while heap:
+                key = heap[0][2]
+                members = classes.get(key)
+                if members:
+                    if prefer is not None:
+                        seen += self._allowed(members, accept, PER_CLASS_CANDIDATES)
+                        refused.append(heapq.heappop(heap))
+                        if len(seen) >= PREFERENCE_CANDIDATES:
+                            break
+                        continue
+                    if accept is None:
+                        return next(iter(members))
+                    node = self._accepted(members, accept)
+                    if node is not None:
+                        return node
+                    refused.append(heapq.heappop(heap))
+                    continue
+                heapq.heappop(heap)
+                sh.in_heap.discard(key)
+            return _preferred(seen, prefer) if prefer is not None else None
+        finally:
+            for entry in refused:  # refused for this pod only: the class stays ranked
+                heapq.heappush(heap, entry)
+            self.refused_by_rules = bool(refused) and not seen
+
+    def _allowed(
+        self, members: Mapping[str, None], accept: NodeCheck | None, limit: int
+    ) -> list[str]:
+        """Up to ``limit`` members ``accept`` allows (all of them when there is no check)."""
+        out = []
+        for node in members:
+            if accept is None or accept(node) is None:
+                out.append(node)
+                if len(out) >= limit:
+                    break
+        return out
+
+    def _accepted(self, members: Mapping[str, None], accept: NodeCheck) -> str | None:
+        """The first member ``accept`` allows. Members share the labels the class keeps
+        (:attr:`ClusterState.label_keys`); when the check reads only those, one answers for
+        all, else each member is asked (hostname: nodes differ)."""
+        kept = self.state.label_keys
+        if kept is not None and accept.keys <= kept:
+            first = next(iter(members))
+            return first if accept(first) is None else None
+        for node in members:
+            if accept(node) is None:
+                return node
         return None
+
+
+#: Nodes a pod with preferences chooses among: the first allowed ones in packing order
+#: (at most :data:`PER_CLASS_CANDIDATES` of a class). Preferences then outrank packing, but
+#: only this far: a preference never costs a scan of every node.
+PREFERENCE_CANDIDATES = 32
+PER_CLASS_CANDIDATES = 8
+#: Weights of the preference parts (pod affinity, spread, node affinity), each normalised
+#: to [0, 1] over the candidates - kube-scheduler's default plugin weights are equal too.
+PREFERENCE_WEIGHTS = (1.0, 1.0, 1.0)
+
+
+def _preferred(candidates: Sequence[str], prefer: Preference) -> str | None:
+    """The candidate that meets the preferences best (the first such, in packing order)."""
+    if not candidates:
+        return None
+    parts = [prefer(n) for n in candidates]
+    totals = [0.0] * len(candidates)
+    for i, weight in enumerate(PREFERENCE_WEIGHTS):
+        column = [p[i] for p in parts]
+        low, high = min(column), max(column)
+        if high > low:
+            for j, v in enumerate(column):
+                totals[j] += weight * (v - low) / (high - low)
+    best = max(totals)
+    return candidates[totals.index(best)]
 
 
 def _place_pod(index: ClassIndex, pod: Pod, gang: str) -> PodAssignment | None:
     state = index.state
-    node = index.best(pod)
+    accept = state.topology().check(pod) if state.needs_topology(pod) else None
+    prefer = state.topology().preference(pod) if pod.preferences is not None else None
+    node = index.best(pod, accept, prefer)
     if node is None:
         return None
     demand = state.demand_on(pod, state.nodes[node])
@@ -232,6 +341,67 @@ def _place_pod(index: ClassIndex, pod: Pod, gang: str) -> PodAssignment | None:
     assignment = PodAssignment(pod.uid, pod.key, gang, node, grant)
     state.apply(assignment, pod)
     return assignment
+
+
+_TOPOLOGY_CODES = {
+    AFFINITY: POD_AFFINITY,
+    ANTI_AFFINITY: POD_ANTI_AFFINITY,
+    EXISTING_ANTI_AFFINITY: POD_ANTI_AFFINITY,
+    SPREAD: TOPOLOGY_SPREAD,
+    SPREAD_LABEL: TOPOLOGY_SPREAD,
+}
+
+
+#: Per greedy pass, gangs whose refusals are counted node by node (see :func:`why_not`).
+DETAILED_WHY_NOT = 32
+#: Past that many: some node has room, and the pod's topology rules refuse it.
+ROUGHLY = "nodes with room are refused by its pod affinity, anti-affinity or spread rules"
+
+
+def _rough_code(pod: Pod) -> str:
+    if pod.spread:
+        return TOPOLOGY_SPREAD
+    return POD_AFFINITY if pod.pod_affinity and not pod.pod_anti_affinity else POD_ANTI_AFFINITY
+
+
+def why_not(
+    index: ClassIndex, pod: Pod, placed: int, total: int, *, detailed: bool = True
+) -> tuple[str, str]:
+    """(code, message) for a pod with topology rules that fits no node now: the filter chain
+    over every node class, worded as kube-scheduler words it. The code names the topology
+    rule that refused the most nodes (NoFit when none did: the explainer then words the
+    capacity problem).
+
+    Not ``detailed`` (past :data:`DETAILED_WHY_NOT` gangs in a pass): only whether some
+    node with room exists - then the rules refused it (code from the pod's rules), else it
+    is a capacity problem (NoFit) - without counting node by node."""
+    state = index.state
+    accept = state.topology().check(pod) if state.needs_topology(pod) else None
+    gang = f" (after {placed} of the gang's {total} pods were placed)" if total > 1 else ""
+    if not detailed:
+        # The pod's last search (just now, same state) says whether room was found.
+        if index.refused_by_rules:
+            return _rough_code(pod), f"pod {pod.key}: {ROUGHLY}{gang}"
+        return NO_FIT, f"pod {pod.key}: no node has room for it{gang}"
+    # The node rules once per class (members share free state and the labels selectors
+    # read), the topology rule per member (it reads labels a class may ignore); nodes
+    # outside the classes (cordoned, NotReady) on their own.
+    tally: Counter[str] = Counter()
+    for members in state.classes.values():
+        rep = state.nodes[next(iter(members))]
+        reason = first_failure(pod, FilterInput(rep, state.demand_on(pod, rep)))
+        if reason is not None:
+            tally[reason] += len(members)
+        elif accept is not None:
+            for m in members:
+                reason = accept(m)
+                if reason is not None:
+                    tally[reason] += 1
+    for s in state.unplaceable():
+        tally[first_failure(pod, FilterInput(s, state.demand_on(pod, s))) or "unknown"] += 1
+    ruled = [(n, r) for r, n in tally.items() if r in _TOPOLOGY_CODES]
+    code = _TOPOLOGY_CODES[max(ruled)[1]] if ruled else NO_FIT
+    return code, f"pod {pod.key}: {format_unavailable(len(state.nodes), tally)}{gang}"
 
 
 def place_gangs(
@@ -264,6 +434,7 @@ def place_gangs(
         raise ValueError("place_gangs: the index must follow the state being placed onto")
     result = GreedyResult()
     failed_shapes: set[tuple[int, ...]] = set()
+    explained = 0
     interned: dict[ShapeKey, int] = {}
     try:
         for gang in gangs:
@@ -279,7 +450,10 @@ def place_gangs(
             signature = tuple(
                 sorted(interned.setdefault(shape_key(p), len(interned)) for p in pods)
             )
-            if signature in failed_shapes:
+            # Where other pods run can open room for pods with topology rules (affinity to
+            # a pod placed since, a spread minimum raised): no skipping for them.
+            ruled = any(state.needs_topology(p) for p in pods)
+            if signature in failed_shapes and not ruled:
                 result.failed[gang.key] = (NO_FIT, "no room for the whole gang")
                 continue
             done: list[PodAssignment] = []
@@ -289,8 +463,17 @@ def place_gangs(
                     break
                 done.append(a)
             if len(done) < len(pods):
+                # Asked before the gang's placed pods leave: they may be what refuses it.
+                why = None
+                if ruled:
+                    detailed = explained < DETAILED_WHY_NOT
+                    explained += 1
+                    why = why_not(index, pods[len(done)], len(done), len(pods), detailed=detailed)
                 for a in reversed(done):
                     state.release(a.pod_uid)
+                if why is not None:
+                    result.failed[gang.key] = why
+                    continue
                 failed_shapes.add(signature)
                 result.failed[gang.key] = (NO_FIT, "no room for the whole gang")
                 log.debug("gang_not_placed", gang=gang.key, queue=gang.queue, cycle=cycle)

@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.resources import CPU
-from scheduler.cluster.selectors import node_accepts
 from scheduler.fairness import FairShareReport
+from scheduler.framework.filters import node_rules_allow
 from scheduler.framework.scoring import NodeScorer
 from scheduler.plugins.packing import node_cost
 from scheduler.solver.cpsat import ModelGang, Scale
@@ -47,7 +47,7 @@ def _flexibility(state: ClusterState) -> Callable[[Pod], int]:
             found = cache[rules] = sum(
                 (cpu if pod.gpu is None else room)[sid]
                 for sid, node in enumerate(state.static_nodes)
-                if node_accepts(node, pod.tolerations, pod.node_selector, pod.affinity)
+                if node_rules_allow(pod, node)
             )
         return found
 

@@ -9,7 +9,10 @@ so what the model counts can be realised.
 
 Enumeration is capped per class: one-shape patterns for a few counts (1, 2, 4, the most
 that fit), then two-shape mixes that fill the node. The patterns the greedy pass used are
-always added, so the greedy answer is a complete, feasible hint.
+always added, so the greedy answer is a complete, feasible hint. A shape whose pods keep
+one per node (required anti-affinity on the hostname among themselves,
+:attr:`~scheduler.cluster.pod.Pod.one_per_node`) appears at most once in a pattern: that is
+how the model expresses "a gang of 8 with such a rule needs 8 distinct nodes".
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass, field
 
 from scheduler.cluster.node import Node
 from scheduler.cluster.pod import Pod
-from scheduler.cluster.selectors import node_accepts
+from scheduler.framework.filters import node_rules_allow
 from scheduler.plugins.packing import Strategy, node_cost
 from scheduler.solver.greedy import pod_size
 from scheduler.solver.state import ClassKey, pick_devices, pod_demand
@@ -157,7 +160,7 @@ def enumerate_patterns(
     for s, pod in enumerate(shapes):
         if demand[s] <= 0:
             continue
-        if not node_accepts(node, pod.tolerations, pod.node_selector, pod.affinity):
+        if not node_rules_allow(pod, node):
             continue
         d = demand_of(pod, node)
         if d is not None:
@@ -173,13 +176,14 @@ def enumerate_patterns(
         if ok:
             record(pattern, free, gpu_free)
 
-    # one shape: counts 1, 2, 4, ..., and the most that fit
+    # one shape: counts 1, 2, 4, ..., and the most that fit (one of a one-per-node shape)
     most: dict[int, int] = {}
     for s, d in demands.items():
         free, gpu_free = dict(base_free), list(base_gpu)
         k = 0
         states: list[tuple[dict[str, int], list[int]]] = []
-        while k < demand[s] and _take(free, gpu_free, d, spread) is not None:
+        limit = 1 if shapes[s].one_per_node else demand[s]
+        while k < limit and _take(free, gpu_free, d, spread) is not None:
             k += 1
             states.append((dict(free), list(gpu_free)))
         if not k:
@@ -200,7 +204,8 @@ def enumerate_patterns(
                 for _ in range(na):
                     _take(free, gpu_free, demands[a], spread)
                 nb = 0
-                while nb < demand[b] and _take(free, gpu_free, demands[b], spread) is not None:
+                limit = 1 if shapes[b].one_per_node else demand[b]
+                while nb < limit and _take(free, gpu_free, demands[b], spread) is not None:
                     nb += 1
                 if nb:
                     record(((a, na), (b, nb)), free, gpu_free)

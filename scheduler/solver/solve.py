@@ -37,10 +37,13 @@ from collections.abc import Iterator, Sequence
 
 import structlog
 
+from scheduler.cluster.pod import Pod
+from scheduler.cluster.podaffinity import HOSTNAME_LABEL, PodAffinityTerm, SpreadConstraint
 from scheduler.cluster.queue import pod_queue_usage
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.explain import explain_unplaced
 from scheduler.explain.capacity import FreeCapacity, NodeGroup
+from scheduler.explain.codes import POD_AFFINITY, POD_ANTI_AFFINITY, TOPOLOGY_SPREAD
 from scheduler.fairness import FairShareReport, compute_fair_shares
 from scheduler.framework.scoring import NodeScorer
 from scheduler.plugins.fragmentation import scorer_for_snapshot
@@ -58,12 +61,15 @@ from scheduler.solver.placement import (
 )
 from scheduler.solver.problem import Problem, build_problem
 from scheduler.solver.queues import QueueBook
-from scheduler.solver.state import ClusterState
+from scheduler.solver.state import ClusterState, selected_label_keys
 from scheduler.solver.takeback import TakeBack, take_back
 from scheduler.solver.validate import validate
 from scheduler.solver.validate_evictions import validate_evictions
 
-__all__ = ["solve", "solve_in_thread"]
+__all__ = ["solve", "solve_in_thread", "topology_gangs"]
+
+#: Reason codes only the greedy's filter chain can give (see :func:`_solve`).
+TOPOLOGY_CODES = frozenset({POD_AFFINITY, POD_ANTI_AFFINITY, TOPOLOGY_SPREAD})
 
 log = structlog.get_logger(__name__)
 
@@ -129,7 +135,8 @@ def _solve(
     lap("problem")
     if not problem.pending:
         return Placement(status=SolveStatus.EMPTY, build_seconds=time.perf_counter() - started)
-    state = ClusterState.from_snapshot(snapshot)
+    label_keys = selected_label_keys(snapshot.pods)
+    state = ClusterState.from_snapshot(snapshot, label_keys=label_keys)
     initial = current_classes(state)
     lap("state")
     packing = PackingScorer(settings.gpu_strategy, settings.cpu_strategy)
@@ -157,7 +164,7 @@ def _solve(
         # scheduling: this cycle places with binpack/spread instead, on a fresh state.
         log.exception("scorer_failed", cycle=cycle, scorer=type(scorer).__name__)
         scorer = packing
-        state = ClusterState.from_snapshot(snapshot)
+        state = ClusterState.from_snapshot(snapshot, label_keys=label_keys)
         initial = current_classes(state)
         greedy = run_greedy(state, scorer)
     build_seconds = time.perf_counter() - started
@@ -168,14 +175,21 @@ def _solve(
     optimise_started = time.perf_counter()
     cp: CpResult | None = None
     cp_assignments: list[PodAssignment] | None = None
+    ruled = topology_gangs(snapshot, problem)
+    free_problem = problem
+    if ruled:
+        free_problem = Problem(
+            snapshot, report, problem.pending, [g for g in problem.order if g.key not in ruled]
+        )
     if not settings.greedy_only:
         try:
-            cp, cp_assignments, engine = improve(
-                snapshot, problem, state, initial, greedy, scorer, settings, cycle
+            cp, cp_assignments, engine = _improve_around(
+                snapshot, free_problem, ruled, state, initial, greedy, scorer, settings, cycle
             )
         except Exception:  # CP-SAT is an improvement; its failure must not cost the cycle
             log.exception("cpsat_failed", cycle=cycle)
             cp, cp_assignments, engine = None, None, ""
+            _bring_to(state, list(state.placed.values()), greedy.assignments)
         if cp_assignments is not None:
             candidates.append((SolveStatus(engine), cp_assignments))
     lap("cpsat")
@@ -198,7 +212,7 @@ def _solve(
     if in_step and settings.take_back and len({a.gang for a in assignments}) < len(problem.order):
         budget = settings.time_limit_seconds - (time.perf_counter() - optimise_started)
         backed = _take_back(
-            snapshot, problem, state, assignments, settings, scorer, cycle, budget=budget
+            snapshot, free_problem, state, assignments, settings, scorer, cycle, budget=budget
         )
         taken = backed or TakeBack()
         in_step = backed is not None
@@ -207,6 +221,12 @@ def _solve(
     final = [*assignments, *taken.assignments]
     now, before = _capacities(state, initial) if in_step else (None, None)
     outcomes = _outcomes(problem, final, now, before, freed=_freed(taken))
+    for key, (code, message) in greedy.failed.items():
+        # The greedy's filter chain says which topology rule refused a gang's pod; the
+        # explainer, which reasons on capacity, cannot.
+        got = outcomes.get(key)
+        if got is not None and not got.placed and code in TOPOLOGY_CODES:
+            outcomes[key] = GangOutcome(key, got.queue, False, (), code, message)
     explain_seconds = time.perf_counter() - explain_started
     lap("explain")
     placement = Placement(
@@ -237,6 +257,123 @@ def _solve(
         phases=phases,
     )
     return placement
+
+
+def _improve_around(
+    snapshot: Snapshot,
+    problem: Problem,
+    ruled: set[str],
+    state: ClusterState,
+    initial: list[ClassInfo],
+    greedy: GreedyResult,
+    scorer: NodeScorer,
+    settings: PlacementSettings,
+    cycle: int | None,
+) -> tuple[CpResult | None, list[PodAssignment] | None, str]:
+    """:func:`~.hybrid.improve` for the gangs without topology rules, around the greedy's
+    placement of the ``ruled`` ones (kept as placed, first in the returned order).
+
+    The CP-SAT model counts pods per node class and cannot see which pods run in which
+    domain, so gangs whose placement depends on that (:func:`topology_gangs`) keep the
+    greedy's sequential, filter-checked placement; the other gangs match no rule, so moving
+    them cannot break one.
+    """
+    if not ruled:
+        return improve(snapshot, problem, state, initial, greedy, scorer, settings, cycle)
+    pinned = [a for key, pods in greedy.placed.items() if key in ruled for a in pods]
+    rest = GreedyResult(
+        {k: v for k, v in greedy.placed.items() if k not in ruled},
+        {k: v for k, v in greedy.failed.items() if k not in ruled},
+    )
+    movable = rest.assignments
+    for a in reversed(movable):
+        state.release(a.pod_uid)
+    around = current_classes(state)  # free capacity with the ruled gangs placed
+    for a in movable:
+        state.apply(a)
+    cp, found, engine = improve(snapshot, problem, state, around, rest, scorer, settings, cycle)
+    if found is None:
+        return cp, None, engine
+    return cp, [*pinned, *found], engine
+
+
+def topology_gangs(snapshot: Snapshot, problem: Problem) -> set[str]:
+    """Keys of the placeable gangs the CP-SAT stage must leave as the greedy placed them.
+
+    These are the gangs whose placement depends on where pods run: a pod with pod
+    (anti-)affinity or spread rules, or one that such a rule selects (a running pod's
+    anti-affinity, a pending pod's rule). Except the gangs the model expresses itself: whose
+    only rule keeps their own pods one per node (anti-affinity on the hostname that selects
+    the gang's pods and no other pod, running or pending), and that no other rule selects.
+    """
+    pending = [(g.key, p) for g in problem.order for p in (*g.required, *g.extras)]
+    running = [p for p in snapshot.pods if p.bound and p.active]
+    # (owner gang, or "" for a running pod; the rule)
+    rules: list[tuple[str, PodAffinityTerm | tuple[SpreadConstraint, str]]] = []
+    seen: set[object] = set()
+    for key, p in pending:
+        for t in (*p.pod_affinity, *p.pod_anti_affinity):
+            if (key, t) not in seen:
+                seen.add((key, t))
+                rules.append((key, t))
+        for c in p.spread:
+            if (key, c, p.namespace) not in seen:
+                seen.add((key, c, p.namespace))
+                rules.append((key, (c, p.namespace)))
+    for p in running:
+        for t in p.pod_anti_affinity:
+            if ("", t) not in seen:
+                seen.add(("", t))
+                rules.append(("", t))
+    if not rules:
+        return {key for key, p in pending if p.preferences is not None}
+    carrying: dict[tuple[str, str], list[tuple[str, Pod]]] = {}
+    everyone = [*pending, *(("", p) for p in running)]
+    for key, p in everyone:
+        for kv in p.labels:
+            carrying.setdefault(kv, []).append((key, p))
+    # Preferences are chosen by the greedy's filter-aware search too (and need no rule).
+    ruled = {key for key, p in pending if p.topology_rules or p.preferences is not None}
+    # gang -> owners of the rules that select its pods; owner -> gangs ("" running) selected
+    selected_by: dict[str, set[str]] = {}
+    selects: dict[str, set[str]] = {}
+    for owner, rule in rules:
+        selector = rule.selector if isinstance(rule, PodAffinityTerm) else rule[0].selector
+        if selector is None:
+            continue
+        anchor = selector.anchor
+        candidates = everyone if anchor is None else carrying.get(anchor, [])
+        for key, p in candidates:
+            labels = p.label_map
+            if isinstance(rule, PodAffinityTerm):
+                hit = rule.matches(p.namespace, labels)
+            else:
+                hit = p.namespace == rule[1] and rule[0].matches(labels)
+            if hit:
+                selects.setdefault(owner, set()).add(key)
+                if key:
+                    selected_by.setdefault(key, set()).add(owner)
+    ruled.update(selected_by)
+
+    def expressed(key: str, pods: Sequence[Pod]) -> bool:
+        own_rules_only = all(
+            p.preferences is None
+            and not p.pod_affinity
+            and not p.spread
+            and all(
+                t.topology_key == HOSTNAME_LABEL and t.matches(p.namespace, p.label_map)
+                for t in p.pod_anti_affinity
+            )
+            for p in pods
+        )
+        return (
+            own_rules_only
+            and selects.get(key, set()) <= {key}
+            and selected_by.get(key, set()) <= {key}
+        )
+
+    by_gang = {g.key: (*g.required, *g.extras) for g in problem.order}
+    return {key for key in ruled if not expressed(key, by_gang[key])}
 
 
 def _reported_objective(cp: CpResult | None, *, hybrid: bool) -> int:

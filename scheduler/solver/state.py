@@ -13,15 +13,16 @@ new is placed on them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from scheduler.cluster.node import GPU_MILLI, Node
+from scheduler.cluster.node import GPU_MILLI, GPU_MODEL_LABEL, Node
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.resources import GPU, PODS, Resources
 from scheduler.cluster.snapshot import Snapshot, bound_usage
 from scheduler.framework.scoring import PodDemand
+from scheduler.plugins.podtopology import PodTopology
 from scheduler.solver.placement import PodAssignment
 
 __all__ = [
@@ -30,11 +31,27 @@ __all__ = [
     "NodeSlot",
     "pick_devices",
     "pod_demand",
+    "selected_label_keys",
     "uses_node_name",
 ]
 
 #: (static traits id, sorted free resources, sorted free thousandths per device)
 ClassKey = tuple[int, tuple[tuple[str, int], ...], tuple[int, ...]]
+
+
+def selected_label_keys(pods: Iterable[Pod]) -> frozenset[str]:
+    """Node label keys that the node selectors and required node affinity of ``pods`` read
+    (pods bound now count too: taking back may place them again)."""
+    keys: set[str] = set()
+    seen: set[object] = set()
+    for p in pods:
+        sig = (p.node_selector, p.affinity)
+        if sig in seen:
+            continue
+        seen.add(sig)
+        keys.update(k for k, _ in p.node_selector)
+        keys.update(r.key for t in p.affinity for r in t.requirements)
+    return frozenset(keys)
 
 
 def uses_node_name(pod: Pod) -> bool:
@@ -127,9 +144,19 @@ class ClusterState:
     simulator keeps one across many tiny cycles instead of building snapshots.
     """
 
-    def __init__(self, nodes: Sequence[NodeSlot], *, by_name: bool = False) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[NodeSlot],
+        *,
+        by_name: bool = False,
+        label_keys: Collection[str] | None = None,
+    ) -> None:
         self.nodes: dict[str, NodeSlot] = {s.name: s for s in nodes}
         self.by_name = by_name
+        #: Node labels that tell classes apart: None for all; else only these (and the GPU
+        #: model, which scorers read). Real nodes carry unique labels (hostname); keeping
+        #: only the keys some pod selects on lets identical nodes share a class.
+        self.label_keys = None if label_keys is None else frozenset(label_keys) | {GPU_MODEL_LABEL}
         #: class key -> member node names (insertion-ordered, so choices are deterministic)
         self.classes: dict[ClassKey, dict[str, None]] = {}
         #: static id -> a node with those traits (for taint/selector checks)
@@ -143,6 +170,11 @@ class ClusterState:
         self.bound: dict[str, Pod] = {}
         self._listeners: list[Callable[[ClassKey], None]] = []
         self._demands: dict[tuple[str, int], PodDemand | None] = {}
+        self._topology: PodTopology | None = None
+        self._unplaceable: list[NodeSlot] | None = None
+        #: located pods (bound or placed) with required anti-affinity: they may refuse
+        #: nodes to pods without rules of their own
+        self.anti_owners = 0
         for slot in nodes:
             slot.static_id = self._static_id(slot.node)
             slot.key = slot.class_key()
@@ -151,11 +183,18 @@ class ClusterState:
     # --- construction ---------------------------------------------------------------------
 
     @classmethod
-    def from_snapshot(cls, snapshot: Snapshot, *, by_name: bool | None = None) -> ClusterState:
+    def from_snapshot(
+        cls,
+        snapshot: Snapshot,
+        *,
+        by_name: bool | None = None,
+        label_keys: Collection[str] | None = None,
+    ) -> ClusterState:
         """Free resources after the snapshot's bound pods; pending pods become known pods.
 
         ``by_name`` keeps every node in its own class; by default it is on only when some
-        pending pod selects nodes by name.
+        pending pod selects nodes by name. ``label_keys``: see :attr:`label_keys`
+        (:func:`selected_label_keys` gives the keys a snapshot's pods select on).
         """
         nodes = snapshot.nodes
         usage = bound_usage(snapshot)
@@ -174,11 +213,27 @@ class ClusterState:
         pending = [p for p in snapshot.pods if p.pending]
         if by_name is None:
             by_name = any(uses_node_name(p) for p in pending)
-        state = cls(slots, by_name=by_name)
+        state = cls(slots, by_name=by_name, label_keys=label_keys)
         for p in pending:
             state.pods[p.uid] = p
         state.bound = {p.uid: p for p in bound}
+        state.anti_owners = sum(1 for p in bound if p.pod_anti_affinity)
         return state
+
+    # --- where pods run, for pod (anti-)affinity and spread ---------------------------------
+
+    def needs_topology(self, pod: Pod) -> bool:
+        """True when where pods run may restrict ``pod`` (its own rules, or running pods'
+        anti-affinity)."""
+        return pod.topology_rules or self.anti_owners > 0
+
+    def topology(self) -> PodTopology:
+        """Pods per topology domain, following this state from now on (built on first use)."""
+        if self._topology is None:
+            located = [(p, p.node_name or "") for p in self.bound.values()]
+            located += [(self.pods[uid], a.node) for uid, a in self.placed.items()]
+            self._topology = PodTopology({n: s.node for n, s in self.nodes.items()}, located)
+        return self._topology
 
     def split_by_name(self) -> None:
         """Give every node its own static traits (needed once a pod selects nodes by name)."""
@@ -195,9 +250,12 @@ class ClusterState:
             self._join(slot)
 
     def _static_id(self, node: Node) -> int:
+        labels = node.labels
+        if self.label_keys is not None:
+            labels = tuple(kv for kv in labels if kv[0] in self.label_keys)
         key = _Static(
             node.allocatable,
-            node.labels,
+            labels,
             tuple(node.taints),
             node.gpu_memory_mib,
             node.name if self.by_name else "",
@@ -238,6 +296,12 @@ class ClusterState:
     def class_members(self, key: ClassKey) -> Iterator[str]:
         """Names of the nodes in a class (empty if the class is empty)."""
         return iter(self.classes.get(key, {}))
+
+    def unplaceable(self) -> list[NodeSlot]:
+        """Nodes in no class (cordoned or NotReady): they never change during a cycle."""
+        if self._unplaceable is None:
+            self._unplaceable = [s for s in self.nodes.values() if not s.placeable]
+        return self._unplaceable
 
     def representative(self, key: ClassKey) -> NodeSlot | None:
         """Some node of the class, or None when the class is empty."""
@@ -291,6 +355,10 @@ class ClusterState:
         self._join(slot)
         self.pods[pod.uid] = pod
         self.placed[pod.uid] = assignment
+        if pod.pod_anti_affinity:
+            self.anti_owners += 1
+        if self._topology is not None:
+            self._topology.add(pod, slot.name)
 
     def release(self, pod_uid: str) -> PodAssignment:
         """Give back what a placed pod holds; returns its assignment. KeyError if not placed.
@@ -321,6 +389,10 @@ class ClusterState:
                 slot.gpu_free[index] = min(GPU_MILLI, slot.gpu_free[index] + milli)
         slot.key = slot.class_key()
         self._join(slot)
+        if pod.pod_anti_affinity:
+            self.anti_owners -= 1
+        if self._topology is not None:
+            self._topology.remove(pod.uid)
         return assignment
 
     def restore_bound(self, pod: Pod) -> None:

@@ -6,7 +6,8 @@ engines cannot hide itself. Checks: pods are pending and placed once; nodes exis
 and schedulable; taints, nodeSelector and required affinity; every resource of every node;
 device grants (right count, distinct devices, right share, no device over 1000 thousandths);
 gang completeness (min_member or none); queue limits at every level; quota of every level
-for non-preemptible gangs, against non-preemptible usage only.
+for non-preemptible gangs, against non-preemptible usage only; pod affinity, anti-affinity
+and spread, replayed in assignment order (:mod:`.validate_topology`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from scheduler.cluster.queue import QUEUE_RESOURCES, UNLIMITED, QueueTree, pod_q
 from scheduler.cluster.resources import GPU, PODS
 from scheduler.cluster.snapshot import Snapshot, bound_usage
 from scheduler.solver.placement import PodAssignment
+from scheduler.solver.validate_topology import topology_violations
 
 __all__ = ["validate"]
 
@@ -183,6 +185,7 @@ def validate(
             out.append(f"gang {key}: {count} pods placed, needs at least {need} (all or none)")
 
     out.extend(_queue_violations(snapshot, placed, evicted))
+    out.extend(topology_violations(snapshot, assignments, evicted=evicted, checked=checked))
     return out
 
 
