@@ -6,6 +6,11 @@ explanations, taking back). Prints one JSON line. ``best_bound`` bounds the firs
 objective over every valid placement (see :mod:`scheduler.solver.bound`), so
 ``min_objective_over_bound`` is a lower bound of how close to optimal each cycle got.
 
+``--constraints F`` gives a share F of the pending gangs required anti-affinity on the
+hostname among their pods (CP-SAT places them one per node) or a zone spread constraint
+(placed by the greedy, around which CP-SAT places the rest: ``gangs_left_to_greedy`` counts
+them, and the objective and bound are those of the other gangs).
+
 ``--running-fill F`` makes a share F of the GPUs held by running preemptible gangs of
 over-quota queues while the pending gangs come from queues below their fair share (see
 :mod:`scheduler.bench.synthetic`), so cycles must reclaim; ``evicted_gpus`` reports what
@@ -31,7 +36,10 @@ from scheduler.bench.synthetic import ClusterSpec, synthetic_snapshot
 from scheduler.cluster.pod import PodPhase
 from scheduler.cluster.queue import pod_queue_usage
 from scheduler.cluster.snapshot import Snapshot
+from scheduler.fairness import compute_fair_shares
 from scheduler.solver import Placement, PlacementSettings, solve, validate
+from scheduler.solver.problem import build_problem
+from scheduler.solver.solve import topology_gangs
 
 __all__ = ["add_parser", "run"]
 
@@ -157,6 +165,13 @@ def run(args: argparse.Namespace) -> int:
             args.constraints,
         )
         snap = synthetic_snapshot(spec)
+        # Gangs the CP-SAT stage leaves as the greedy placed them (topology rules): the
+        # objective and bound below are those of the other gangs.
+        pinned = (
+            len(topology_gangs(snap, build_problem(snap, compute_fair_shares(snap))))
+            if args.constraints
+            else 0
+        )
         started, cpu_started = time.perf_counter(), time.process_time()
         placement = solve(snap, settings, cycle=k)
         seconds.append(time.perf_counter() - started)
@@ -180,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
                 "min_evicted_gpus": placement.min_evicted_gpu_milli / 1000,
                 "evicted_pods": len(placement.evictions),
                 "nominated_gangs": len(placement.waits_for),
+                "pinned": pinned,
             }
         )
     ratios = [r["objective"] / r["bound"] for r in rows if r["bound"]]
@@ -219,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
         "nominated_gangs": [r["nominated_gangs"] for r in rows],
         "evictions_by_action": dict(sorted(actions.items())),
         "status": [r["status"] for r in rows],
+        "gangs_left_to_greedy": [r["pinned"] for r in rows],
         "objective": last["objective"],
         "best_bound": last["bound"],
         "greedy_objective": last["greedy"],

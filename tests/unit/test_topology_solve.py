@@ -3,10 +3,23 @@ one-per-node patterns it uses for gangs that keep their own pods apart, and pref
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from typing import Any
 
-from scheduler.bench.synthetic import make_gang, make_node, make_pod
+import pytest
+
+from scheduler.bench.__main__ import main
+from scheduler.bench.synthetic import (
+    ClusterSpec,
+    make_gang,
+    make_node,
+    make_pod,
+    synthetic_snapshot,
+)
 from scheduler.cluster.gang import Gang
+from scheduler.cluster.node import Node
+from scheduler.cluster.pod import Pod
 from scheduler.cluster.podaffinity import (
     HOSTNAME_LABEL,
     LabelSelector,
@@ -25,14 +38,14 @@ from scheduler.solver.solve import topology_gangs
 QUEUES = (Queue("root"), Queue("team", "root"))
 
 
-def nodes(n: int, cpu: float = 8) -> list:  # type: ignore[type-arg]
+def nodes(n: int, cpu: float = 8) -> list[Node]:
     return [
         make_node(f"n{i}", gpus=0, cpu=cpu, labels={HOSTNAME_LABEL: f"n{i}", "zone": f"z{i % 2}"})
         for i in range(n)
     ]
 
 
-def apart(job: str) -> dict[str, object]:
+def apart(job: str) -> dict[str, Any]:
     """Pod arguments: one pod of ``job`` per node (its own anti-affinity)."""
     return {
         "labels": {"job": job},
@@ -40,7 +53,7 @@ def apart(job: str) -> dict[str, object]:
     }
 
 
-def snapshot(node_list: list, pods: list, gangs: list) -> Snapshot:  # type: ignore[type-arg]
+def snapshot(node_list: list[Node], pods: list[Pod], gangs: list[Gang]) -> Snapshot:
     return Snapshot(tuple(node_list), tuple(pods), tuple(gangs), QUEUES)
 
 
@@ -96,3 +109,18 @@ def test_preferred_anti_affinity_spreads_pods_that_binpack_would_stack() -> None
     # without the preference, binpack stacks them on one node
     plain = solve(snapshot(nodes(3), [replace(p, preferences=None) for p in pods], gangs))
     assert len({a.node for a in plain.assignments}) == 1
+
+
+def test_solver_bench_with_constraints_keeps_every_rule(capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench solver --constraints``: a third of the gangs keep their pods apart; every
+    cycle's placement passes the validator (which replays the rules), and the gangs with a
+    zone spread are reported as left to the greedy."""
+    args = ["solver", "--nodes", "120", "--gangs", "60", "--constraints", "0.4", "--cycles", "2"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["validator"] == "ok" and out["constraints"] == 0.4
+    assert all(n > 0 for n in out["gangs_left_to_greedy"])
+    snap = synthetic_snapshot(ClusterSpec(120, 8, 60, 0.7, 0, constraints=0.4))
+    ruled = [p for p in snap.pods if p.topology_rules]
+    assert any(p.one_per_node for p in ruled) and any(p.spread for p in ruled)
+    assert all(HOSTNAME_LABEL in n.label_map for n in snap.nodes)
