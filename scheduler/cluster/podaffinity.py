@@ -186,7 +186,13 @@ def _selector(
 
 
 def _term(
-    raw: Any, namespace: str, labels: Mapping[str, str], path: str, unsupported: list[str]
+    raw: Any,
+    namespace: str,
+    labels: Mapping[str, str],
+    path: str,
+    unsupported: list[str],
+    *,
+    cautious: bool = False,
 ) -> PodAffinityTerm | None:
     raw = _mapping(raw)
     key = str(raw.get("topologyKey") or "")
@@ -195,8 +201,10 @@ def _term(
     if isinstance(ns_selector, Mapping) and (
         ns_selector.get("matchLabels") or ns_selector.get("matchExpressions")
     ):
-        unsupported.append(f"{path}.namespaceSelector")
-        return None
+        if not cautious:
+            unsupported.append(f"{path}.namespaceSelector")
+            return None
+        ns_selector = {}  # every namespace: keeps out at least the pods it would
     if isinstance(ns_selector, Mapping):
         namespaces = None  # {}: every namespace
     else:
@@ -248,10 +256,16 @@ def _spread(
     )
 
 
-def parse_pod_rules(spec: Any, namespace: str, labels: Mapping[str, str]) -> PodRules:
+def parse_pod_rules(
+    spec: Any, namespace: str, labels: Mapping[str, str], *, cautious: bool = False
+) -> PodRules:
     """Required pod affinity/anti-affinity and ``DoNotSchedule`` spread constraints of a pod
     spec. Never raises: a part it cannot read is listed in ``unsupported`` (the pod waits,
-    named). Preferences (preferred terms, ``ScheduleAnyway``) are not read here."""
+    named). Preferences (preferred terms, ``ScheduleAnyway``) are not read here.
+
+    ``cautious`` is for pods already on a node, whose anti-affinity keeps other pods away:
+    a term whose ``namespaceSelector`` selects by Namespace labels (not watched) is read as
+    selecting every namespace, which keeps out at least the pods it would."""
     spec = _mapping(spec)
     affinity = _mapping(spec.get("affinity"))
     unsupported: list[str] = []
@@ -259,7 +273,12 @@ def parse_pod_rules(spec: Any, namespace: str, labels: Mapping[str, str]) -> Pod
     for kind, out in found.items():
         for i, raw in enumerate(_list(_mapping(affinity.get(kind)).get(_REQUIRED))):
             term = _term(
-                raw, namespace, labels, f"spec.affinity.{kind}.{_REQUIRED}[{i}]", unsupported
+                raw,
+                namespace,
+                labels,
+                f"spec.affinity.{kind}.{_REQUIRED}[{i}]",
+                unsupported,
+                cautious=cautious,
             )
             if term is not None:
                 out.append(term)

@@ -453,7 +453,7 @@ def pod_from_k8s(
     waits = managed and not node_name
     gates = scheduling_gates(spec) if waits else ()
     pod_labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
-    rules = parse_pod_rules(spec, namespace, pod_labels)
+    rules = parse_pod_rules(spec, namespace, pod_labels, cautious=not waits)
     preferences = _preferences(spec, namespace, pod_labels) if waits else None
     unsupported = unsupported_fields(spec, namespace, pod_labels) if waits else ()
     phase_raw = status.get("phase") or "Pending"

@@ -16,6 +16,9 @@ NoMatchingNode         no node accepts a pod on static grounds (selector, affini
 NodeTooSmall           no matching node could hold a pod even when empty
 InsufficientOnOneNode  no matching node has enough free for a pod right now
 GangDoesNotFit         the gang's pods do not fit the free capacity together
+PodAffinity,           pod (anti-)affinity or spread rules refuse every node with room
+PodAntiAffinity,       (the pods are placed one by one on the cluster after the cycle,
+TopologySpread         :mod:`.topology`)
 CapacityTakenThisCycle any of the last three, but only because of this cycle's placements
 NotPlacedThisCycle     the gang fits what is free now; it came too late in this cycle
 ====================== ===============================================================
@@ -23,13 +26,15 @@ NotPlacedThisCycle     the gang fits what is free now; it came too late in this 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from scheduler.cluster.gang import Gang
 from scheduler.cluster.pod import Pod
+from scheduler.cluster.podaffinity import PodAffinityTerm
 from scheduler.cluster.queue import pod_queue_usage
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.explain.capacity import FreeCapacity, Matching, Rules, pod_rules
@@ -42,6 +47,7 @@ from scheduler.explain.codes import (
 )
 from scheduler.explain.fit import gang_shortfall, pack, pod_misfit
 from scheduler.explain.format import format_selector, format_taint, format_terms
+from scheduler.explain.topology import REASON_CODES, TopologyExplainer
 from scheduler.fairness.admission import queue_admission_problem
 from scheduler.fairness.findings import queue_problem
 from scheduler.fairness.share import FairShareReport
@@ -89,10 +95,13 @@ class _Explainer:
         now: FreeCapacity | None = None,
         before: FreeCapacity | None = None,
         freed: Collection[str] = (),
+        known: Mapping[str, tuple[str, str]] | None = None,
     ) -> None:
         self.snapshot = snapshot
         self.report = report
         self.assignments = assignments
+        self.freed = freed
+        self.known = known
         self.tree = snapshot.queue_tree
         self.now = now if now is not None else FreeCapacity(snapshot, assignments, freed)
         self._before: FreeCapacity | None = before
@@ -122,6 +131,43 @@ class _Explainer:
         #: gang class -> (code, message, names in the message) for the first gang of a class
         self._class_cache: dict[tuple[object, ...], tuple[str, str, list[str]]] = {}
 
+    def _ruled(self, pods: Sequence[Pod]) -> bool:
+        """True when pod (anti-)affinity or spread may decide where ``pods`` go: their own
+        rules, or the anti-affinity of a pod on a node that selects one of them."""
+        if any(p.topology_rules for p in pods):
+            return True
+        guards = self.anti_terms
+        if not guards:
+            return False
+        for p in pods:
+            labels = p.label_map
+            for anchor in (None, *p.labels):
+                if any(t.matches(p.namespace, labels) for t in guards.get(anchor, ())):
+                    return True
+        return False
+
+    @functools.cached_property
+    def anti_terms(self) -> dict[tuple[str, str] | None, list[PodAffinityTerm]]:
+        """Anti-affinity terms of the pods on nodes (bound, or placed this cycle), by the
+        label every pod they select carries (None: no such label)."""
+        by_uid = self.snapshot.pod_by_uid
+        owners = [p for p in self.snapshot.pods if p.bound and p.pod_anti_affinity]
+        owners += [
+            by_uid[a.pod_uid]
+            for a in self.assignments
+            if a.pod_uid in by_uid and by_uid[a.pod_uid].pod_anti_affinity
+        ]
+        out: dict[tuple[str, str] | None, list[PodAffinityTerm]] = {}
+        for term in {t for p in owners for t in p.pod_anti_affinity}:
+            if term.selector is not None:
+                out.setdefault(term.selector.anchor, []).append(term)
+        return out
+
+    @functools.cached_property
+    def topology(self) -> TopologyExplainer:
+        """The cluster after the cycle, node by node (built for the first ruled gang)."""
+        return TopologyExplainer(self.snapshot, self.assignments, self.freed)
+
     @property
     def before(self) -> FreeCapacity:
         """Free capacity as it was before this cycle's assignments."""
@@ -132,6 +178,8 @@ class _Explainer:
     # --- per gang --------------------------------------------------------------------------
 
     def explain(self, key: str) -> tuple[str, str]:
+        if self.known and key in self.known:
+            return self.known[key]
         gang = self.snapshot.gang_by_key.get(key)
         if gang is None:
             return (GANG_INCOMPLETE, f"gang {key}: no PodGroup or pods for it are known")
@@ -150,19 +198,24 @@ class _Explainer:
         to_place = pods[: max(need, 1)]
         # Everything below depends only on the queue, preemptibility and the pods' shapes and
         # rules (the state looked at is fixed for the call): answer once per such class and
-        # re-render the names for the other gangs of the class.
-        signature = (
+        # re-render the names for the other gangs of the class. Except where other pods
+        # run decides (the topology step, taken when capacity is no problem): those answers
+        # are the gang's own.
+        signature: tuple[object, ...] = (
             gang.queue,
             gang.preemptible,
             tuple((pod_rules(p), p.requests, p.gpu, p.volume_affinity) for p in to_place),
         )
         names = [key, *(p.key for p in to_place)]
         cached = self._class_cache.get(signature)
-        if cached is not None:
+        if cached is not None and not (
+            cached[0] == NOT_PLACED_THIS_CYCLE and self._ruled(to_place)
+        ):
             code, message, first = cached
             return (code, _rename(message, first, names))
         code, message = self._explain_class(key, gang, to_place)
-        self._class_cache[signature] = (code, message, names)
+        if code not in REASON_CODES.values():
+            self._class_cache[signature] = (code, message, names)
         return (code, message)
 
     def _explain_class(self, key: str, gang: Gang, to_place: list[Pod]) -> tuple[str, str]:
@@ -185,6 +238,10 @@ class _Explainer:
             if not m.shapes:
                 return (NO_MATCHING_NODE, _no_match_message(group[0], m, self.now.node_count))
         capacity_problem = self._capacity_problem(groups, self.now)
+        if capacity_problem is None and self._ruled(to_place):
+            topology_problem = self.topology.problem(to_place)
+            if topology_problem is not None:
+                return topology_problem
         if capacity_problem is None:
             return (
                 NOT_PLACED_THIS_CYCLE,
@@ -263,6 +320,7 @@ def explain_unplaced(
     now: FreeCapacity | None = None,
     before: FreeCapacity | None = None,
     freed: Collection[str] = (),
+    known: Mapping[str, tuple[str, str]] | None = None,
 ) -> dict[str, tuple[str, str]]:
     """Gang key -> (reason_code, message) for each of ``gangs`` (pending, not placed).
 
@@ -270,7 +328,9 @@ def explain_unplaced(
     queues after them. A caller that already knows the free capacity after the assignments
     (``now``) and before them (``before``) passes it (see :meth:`FreeCapacity.from_groups`)
     instead of having it recomputed from the snapshot. ``freed``: running pods whose room the
-    assignments take (evictions and pods terminating for held gangs).
+    assignments take (evictions and pods terminating for held gangs). ``known``: reasons the
+    caller already has (the greedy pass's for gangs its topology check refused), used as
+    they are.
     """
-    explainer = _Explainer(snapshot, report, assignments, now, before, freed)
+    explainer = _Explainer(snapshot, report, assignments, now, before, freed, known)
     return {key: explainer.explain(key) for key in gangs}

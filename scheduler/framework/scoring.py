@@ -19,12 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Protocol, runtime_checkable
 
-from scheduler.cluster.node import Node
-from scheduler.cluster.resources import Resources
+from scheduler.cluster.node import GPU_MILLI, Node
+from scheduler.cluster.pod import Pod
+from scheduler.cluster.resources import GPU, PODS, Resources
 
-__all__ = ["DevicePicker", "NodeScorer", "NodeView", "PodDemand", "ScoreKey"]
+__all__ = ["DevicePicker", "NodeScorer", "NodeView", "PodDemand", "ScoreKey", "pod_demand"]
 
 
 class NodeView(Protocol):
@@ -101,3 +103,25 @@ class ScoreKey(Protocol):
     def score_key(self, node: NodeView) -> object:
         """Hashable summary of what :meth:`NodeScorer.score` reads besides devices."""
         ...
+
+
+@lru_cache(maxsize=4096)
+def _plus_one_pod(requests: Resources) -> Resources:
+    # Pods of one shape share equal request lists; building Resources is not cheap.
+    return requests + {PODS: 1}
+
+
+def pod_demand(pod: Pod, node: Node) -> PodDemand | None:
+    """What ``pod`` takes from ``node``; None when its GPU share cannot be sized there."""
+    requests = pod.requests
+    if node.allocatable.get(PODS, 0) > 0:
+        requests = _plus_one_pod(requests)
+    if pod.gpu is not None:
+        milli = pod.gpu.milli_on(node)
+        if milli is None:
+            return None
+        return PodDemand(requests, pod.gpu.count, min(milli, GPU_MILLI))
+    whole = pod.requests.get(GPU, 0)
+    if whole > 0:
+        return PodDemand(requests, whole, GPU_MILLI)
+    return PodDemand(requests)

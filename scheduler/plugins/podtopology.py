@@ -386,12 +386,8 @@ class PodTopology:
                     return SPREAD_LABEL
                 if counts.get(value, 0) - low > room:
                     return SPREAD
-            for key, values in forbidden_own:
-                if nl.get(key) in values:
-                    return ANTI_AFFINITY
-            for key, values in forbidden_existing.items():
-                if nl.get(key) in values:
-                    return EXISTING_ANTI_AFFINITY
+            # kube-scheduler's order: spread (above), affinity, own anti-affinity, running
+            # pods' anti-affinity - so a node refused twice gets the same reason.
             if affinity_counts is not None:
                 exist = True
                 for t in affinity_terms:
@@ -402,6 +398,12 @@ class PodTopology:
                         exist = False
                 if not exist and not first_of_group:
                     return AFFINITY
+            for key, values in forbidden_own:
+                if nl.get(key) in values:
+                    return ANTI_AFFINITY
+            for key, values in forbidden_existing.items():
+                if nl.get(key) in values:
+                    return EXISTING_ANTI_AFFINITY
             return None
 
         keys = {t.topology_key for t in (*pod.pod_affinity, *pod.pod_anti_affinity)}

@@ -26,6 +26,7 @@ import structlog
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.queue import QUEUE_RESOURCES, pod_queue_usage
 from scheduler.explain.codes import POD_AFFINITY, POD_ANTI_AFFINITY, TOPOLOGY_SPREAD
+from scheduler.explain.topology import reason_code
 from scheduler.framework.filters import (
     FilterInput,
     first_failure,
@@ -35,11 +36,6 @@ from scheduler.framework.filters import (
 from scheduler.framework.scoring import DevicePicker, NodeScorer, PodDemand, ScoreKey
 from scheduler.plugins.packing import PackingScorer
 from scheduler.plugins.podtopology import (
-    AFFINITY,
-    ANTI_AFFINITY,
-    EXISTING_ANTI_AFFINITY,
-    SPREAD,
-    SPREAD_LABEL,
     NodeCheck,
     Preference,
 )
@@ -343,15 +339,6 @@ def _place_pod(index: ClassIndex, pod: Pod, gang: str) -> PodAssignment | None:
     return assignment
 
 
-_TOPOLOGY_CODES = {
-    AFFINITY: POD_AFFINITY,
-    ANTI_AFFINITY: POD_ANTI_AFFINITY,
-    EXISTING_ANTI_AFFINITY: POD_ANTI_AFFINITY,
-    SPREAD: TOPOLOGY_SPREAD,
-    SPREAD_LABEL: TOPOLOGY_SPREAD,
-}
-
-
 #: Per greedy pass, gangs whose refusals are counted node by node (see :func:`why_not`).
 DETAILED_WHY_NOT = 32
 #: Past that many: some node has room, and the pod's topology rules refuse it.
@@ -399,8 +386,7 @@ def why_not(
                     tally[reason] += 1
     for s in state.unplaceable():
         tally[first_failure(pod, FilterInput(s, state.demand_on(pod, s))) or "unknown"] += 1
-    ruled = [(n, r) for r, n in tally.items() if r in _TOPOLOGY_CODES]
-    code = _TOPOLOGY_CODES[max(ruled)[1]] if ruled else NO_FIT
+    code = reason_code(tally) or NO_FIT
     return code, f"pod {pod.key}: {format_unavailable(len(state.nodes), tally)}{gang}"
 
 

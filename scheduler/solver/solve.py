@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import structlog
 
@@ -220,13 +220,10 @@ def _solve(
     explain_started = time.perf_counter()
     final = [*assignments, *taken.assignments]
     now, before = _capacities(state, initial) if in_step else (None, None)
-    outcomes = _outcomes(problem, final, now, before, freed=_freed(taken))
-    for key, (code, message) in greedy.failed.items():
-        # The greedy's filter chain says which topology rule refused a gang's pod; the
-        # explainer, which reasons on capacity, cannot.
-        got = outcomes.get(key)
-        if got is not None and not got.placed and code in TOPOLOGY_CODES:
-            outcomes[key] = GangOutcome(key, got.queue, False, (), code, message)
+    # The greedy's filter chain already said which topology rule refused a gang's pod, at
+    # the moment it did (the explainer would place the gang's pods again to find out).
+    known = {k: v for k, v in greedy.failed.items() if v[0] in TOPOLOGY_CODES}
+    outcomes = _outcomes(problem, final, now, before, freed=_freed(taken), known=known)
     explain_seconds = time.perf_counter() - explain_started
     lap("explain")
     placement = Placement(
@@ -508,6 +505,7 @@ def _outcomes(
     before: FreeCapacity | None = None,
     *,
     freed: set[str] | None = None,
+    known: Mapping[str, tuple[str, str]] | None = None,
 ) -> dict[str, GangOutcome]:
     by_gang: dict[str, list[PodAssignment]] = {}
     for a in assignments:
@@ -524,6 +522,7 @@ def _outcomes(
                 now=now,
                 before=before,
                 freed=freed or (),
+                known=known,
             )
         except Exception:  # an explanation must never cost the cycle its placement
             log.exception("explain_failed", gangs=len(unplaced))

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 from scheduler.cluster.node import GPU_MILLI, GPU_MODEL_LABEL, Node
 from scheduler.cluster.pod import Pod
-from scheduler.cluster.resources import GPU, PODS, Resources
+from scheduler.cluster.resources import PODS, Resources
 from scheduler.cluster.snapshot import Snapshot, bound_usage
-from scheduler.framework.scoring import PodDemand
+from scheduler.framework.scoring import PodDemand, pod_demand
 from scheduler.plugins.podtopology import PodTopology
 from scheduler.solver.placement import PodAssignment
 
@@ -57,28 +56,6 @@ def selected_label_keys(pods: Iterable[Pod]) -> frozenset[str]:
 def uses_node_name(pod: Pod) -> bool:
     """True when the pod's required affinity names nodes (``matchFields metadata.name``)."""
     return any(r.key == "metadata.name" for t in pod.affinity for r in t.requirements)
-
-
-@lru_cache(maxsize=4096)
-def _plus_one_pod(requests: Resources) -> Resources:
-    # Pods of one shape share equal request lists; building Resources is not cheap.
-    return requests + {PODS: 1}
-
-
-def pod_demand(pod: Pod, node: Node) -> PodDemand | None:
-    """What ``pod`` takes from ``node``; None when its GPU share cannot be sized there."""
-    requests = pod.requests
-    if node.allocatable.get(PODS, 0) > 0:
-        requests = _plus_one_pod(requests)
-    if pod.gpu is not None:
-        milli = pod.gpu.milli_on(node)
-        if milli is None:
-            return None
-        return PodDemand(requests, pod.gpu.count, min(milli, GPU_MILLI))
-    whole = pod.requests.get(GPU, 0)
-    if whole > 0:
-        return PodDemand(requests, whole, GPU_MILLI)
-    return PodDemand(requests)
 
 
 def pick_devices(

@@ -28,7 +28,9 @@ from tests.e2e.scheduler_process import (
 pytestmark = pytest.mark.e2e
 __all__ = ["kai_cluster", "start_scheduler"]  # fixtures used by this module
 
-ANTI_AFFINITY = "spec.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+#: Namespace labels are not watched, so a term selecting namespaces by label is not read.
+NS_SELECTOR = f"spec.affinity.podAntiAffinity.{REQUIRED}[0].namespaceSelector"
 
 
 def _condition(pod: dict[str, Any], kind: str = "PodScheduled") -> dict[str, Any]:
@@ -85,28 +87,31 @@ def test_gated_pod_waits_until_its_gate_is_removed(
     assert sched.running()
 
 
-def test_required_pod_anti_affinity_waits_with_a_reason_naming_it(
+def test_anti_affinity_selecting_namespaces_by_label_waits_with_a_reason_naming_it(
     kai_cluster: KaiCluster,
     start_scheduler: StartScheduler,
     namespace: str,
     make_gpu_nodes: Any,
 ) -> None:
+    """A pod anti-affinity term whose namespaceSelector selects by labels waits, named; the
+    same rule without it (read and honoured) does not, nor does any other pod."""
     tag = run_tag()
     make_gpu_nodes(2, gpus=4, labels=tag)
     sched = start_scheduler()
+    term = {
+        "labelSelector": {"matchLabels": {"app": "web"}},
+        "topologyKey": "kubernetes.io/hostname",
+    }
     anti = pod_manifest("anti", gpus=1, node_selector=tag, labels={"app": "web"})
     anti["spec"]["affinity"] = {
         "podAntiAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": [
-                {
-                    "labelSelector": {"matchLabels": {"app": "web"}},
-                    "topologyKey": "kubernetes.io/hostname",
-                }
-            ]
+            REQUIRED: [{**term, "namespaceSelector": {"matchLabels": {"team": "a"}}}]
         }
     }
+    readable = pod_manifest("readable", gpus=1, node_selector=tag, labels={"app": "web"})
+    readable["spec"]["affinity"] = {"podAntiAffinity": {REQUIRED: [term]}}
     plain = pod_manifest("plain", gpus=1, node_selector=tag)
-    kai_cluster.create(anti, plain, namespace=namespace)
+    kai_cluster.create(anti, readable, plain, namespace=namespace)
 
     def waiting_message() -> str | None:
         c = _condition(_pod(kai_cluster, namespace, "anti"))
@@ -116,19 +121,25 @@ def test_required_pod_anti_affinity_waits_with_a_reason_naming_it(
 
     message = wait_for("PodScheduled=False on anti", waiting_message, logs=sched)
     assert message == (
-        f"pod {namespace}/anti: {ANTI_AFFINITY} is not supported yet; the pod waits (remove the "
-        "required pod anti-affinity, or use a node selector/affinity)"
+        f"pod {namespace}/anti: {NS_SELECTOR} is not supported yet; the pod waits (list the "
+        "namespaces in `namespaces` (or use namespaceSelector: {} for all), and give every term "
+        "a topologyKey and a labelSelector with In/NotIn/Exists/DoesNotExist)"
     )
     events = wait_for(
         "FailedScheduling on anti",
         lambda: _events(kai_cluster, namespace, "anti", "FailedScheduling"),
         logs=sched,
     )
-    assert all(ANTI_AFFINITY in e for e in events), events
-    # Everything else keeps being scheduled; the pod itself is never bound.
-    wait_for("plain bound", lambda: "plain" in bound_nodes(kai_cluster.pods(namespace)), logs=sched)
+    assert all(NS_SELECTOR in e for e in events), events
+    # Everything else keeps being scheduled, the readable rule included; "anti" never binds.
+    wait_for(
+        "plain and readable bound",
+        lambda: {"plain", "readable"} <= set(bound_nodes(kai_cluster.pods(namespace))),
+        logs=sched,
+    )
     time.sleep(1.0)
     assert "anti" not in bound_nodes(kai_cluster.pods(namespace))
+    assert not _events(kai_cluster, namespace, "readable", "FailedScheduling")
     assert sched.running()
 
 

@@ -12,6 +12,7 @@ import pytest
 from scheduler.cluster.gang import Gang
 from scheduler.cluster.node import Node, Taint
 from scheduler.cluster.pod import GpuRequest, Pod, PodPhase
+from scheduler.cluster.podaffinity import LabelSelector, PodAffinityTerm, SpreadConstraint
 from scheduler.cluster.queue import UNLIMITED, Queue, QueueResource
 from scheduler.cluster.resources import Resources
 from scheduler.cluster.selectors import NodeSelectorRequirement, NodeSelectorTerm
@@ -126,6 +127,19 @@ def assign(p: Pod, node_name: str, grant: tuple[tuple[int, int], ...] = ()) -> P
 
 
 TAKER = [pod(f"taker-{i}", "taker", "team-b", gpus=2) for i in range(3)]
+HOST = "kubernetes.io/hostname"
+ZONE = "topology.kubernetes.io/zone"
+WEB = (("app", "web"),)
+
+
+def web_term(key: str, app: str = "web") -> PodAffinityTerm:
+    """A required (anti-)affinity term on ``key`` selecting pods app=``app`` of namespace ns."""
+    return PodAffinityTerm(key, LabelSelector((("app", app),)), ("ns",))
+
+
+def host(name: str, zone: str = "a", **kw: Any) -> Node:
+    return node(name, labels=((HOST, name), (ZONE, zone)), **kw)
+
 
 CASES = {
     "queue missing": Case(
@@ -349,6 +363,38 @@ CASES = {
         "gang needs 2 pods placed together; matching nodes have enough free in total, but it is "
         "split across nodes and devices so they do not all fit",
         gangs={"job": (2, "team-a", True)},
+    ),
+    "pod anti-affinity": Case(
+        [host("n1"), host("n2")],
+        [
+            *(pod(f"run-{i}", "run", gpus=1, on=f"n{i + 1}", labels=WEB) for i in range(2)),
+            pod("job-0", "job", gpus=1, labels=WEB, pod_anti_affinity=(web_term(HOST),)),
+        ],
+        "PodAntiAffinity",
+        "pod ns/job-0: 0/2 nodes are available: 2 node(s) didn't match pod anti-affinity rules",
+    ),
+    "pod affinity": Case(
+        [host("n1"), host("n2", "b")],
+        [pod("job-0", "job", gpus=1, labels=WEB, pod_affinity=(web_term(ZONE, "cache"),))],
+        "PodAffinity",
+        "pod ns/job-0: 0/2 nodes are available: 2 node(s) didn't match pod affinity rules",
+    ),
+    "topology spread": Case(
+        [host("a1", "a"), host("b1", "b", gpus=2)],
+        [
+            pod("run-0", "run", gpus=1, on="a1", labels=WEB),
+            pod("full-0", "full", gpus=2, on="b1"),
+            pod(
+                "job-0",
+                "job",
+                gpus=1,
+                labels=WEB,
+                spread=(SpreadConstraint(1, ZONE, LabelSelector(WEB)),),
+            ),
+        ],
+        "TopologySpread",
+        "pod ns/job-0: 0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't "
+        "match pod topology spread constraints",
     ),
     "capacity taken this cycle": Case(
         [node("n1", gpus=8)],

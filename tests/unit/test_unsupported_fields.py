@@ -40,6 +40,18 @@ SCHED = "kai-scheduler"
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 TERM = {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}
+#: Namespace labels are not watched: a namespaceSelector that selects by them is not read.
+NS_TERM = {**TERM, "namespaceSelector": {"matchLabels": {"team": "a"}}}
+NS_ANTI = f"{POD_ANTI_AFFINITY_REQUIRED}[0].namespaceSelector"
+POD_RULE_FIX = (
+    "list the namespaces in `namespaces` (or use namespaceSelector: {} for all), and give "
+    "every term a topologyKey and a labelSelector with In/NotIn/Exists/DoesNotExist"
+)
+SPREAD_FIX = (
+    "give the constraint a topologyKey, maxSkew >= 1, minDomains >= 1 and a labelSelector "
+    "with In/NotIn/Exists/DoesNotExist"
+)
+SPREAD = {"maxSkew": 1, "topologyKey": "zone", "labelSelector": {"matchLabels": {"app": "web"}}}
 NODE_TERMS = f"spec.affinity.nodeAffinity.{REQUIRED}.nodeSelectorTerms"
 SETTINGS = PlacementSettings(time_limit_seconds=0.3, workers=1)
 
@@ -79,8 +91,9 @@ def k8s_pod(
 
 
 def k8s_node(name: str, gpus: int = 8) -> dict[str, Any]:
+    labels = {"zone": "a", "kubernetes.io/hostname": name}
     return {
-        "metadata": {"name": name, "uid": f"uid-{name}", "labels": {"zone": "a"}},
+        "metadata": {"name": name, "uid": f"uid-{name}", "labels": labels},
         "spec": {},
         "status": {
             "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110", GPU: str(gpus)},
@@ -115,14 +128,75 @@ HOST_PORT = {"name": "c", "ports": [{"containerPort": 80}, {"containerPort": 808
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [
-        ({"affinity": {"podAffinity": {REQUIRED: [TERM]}}}, POD_AFFINITY_REQUIRED),
-        ({"affinity": {"podAntiAffinity": {REQUIRED: [TERM]}}}, POD_ANTI_AFFINITY_REQUIRED),
         (
-            {"topologySpreadConstraints": [{"maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule"}]},
-            "spec.topologySpreadConstraints[0]",
+            {"affinity": {"podAffinity": {REQUIRED: [NS_TERM]}}},
+            f"{POD_AFFINITY_REQUIRED}[0].namespaceSelector",
         ),
-        # Unset is Kubernetes' default, DoNotSchedule.
-        ({"topologySpreadConstraints": [{"maxSkew": 1}]}, "spec.topologySpreadConstraints[0]"),
+        (
+            {"affinity": {"podAntiAffinity": {REQUIRED: [TERM, NS_TERM]}}},
+            f"{POD_ANTI_AFFINITY_REQUIRED}[1].namespaceSelector",
+        ),
+        (
+            {
+                "affinity": {
+                    "podAntiAffinity": {
+                        REQUIRED: [
+                            {
+                                **TERM,
+                                "namespaceSelector": {
+                                    "matchExpressions": [{"key": "team", "operator": "Exists"}]
+                                },
+                            }
+                        ]
+                    }
+                }
+            },
+            NS_ANTI,
+        ),
+        (
+            {"affinity": {"podAntiAffinity": {REQUIRED: [{"labelSelector": {}}]}}},
+            f"{POD_ANTI_AFFINITY_REQUIRED}[0].topologyKey",
+        ),
+        (
+            {
+                "affinity": {
+                    "podAffinity": {
+                        REQUIRED: [
+                            {
+                                "topologyKey": "zone",
+                                "labelSelector": {
+                                    "matchExpressions": [
+                                        {"key": "rank", "operator": "Gt", "values": ["2"]}
+                                    ]
+                                },
+                            }
+                        ]
+                    }
+                }
+            },
+            f"{POD_AFFINITY_REQUIRED}[0].labelSelector",
+        ),
+        (
+            {
+                "topologySpreadConstraints": [
+                    {"maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {}}
+                ]
+            },
+            "spec.topologySpreadConstraints[0] (maxSkew and topologyKey are required)",
+        ),
+        # Unset is Kubernetes' default, DoNotSchedule: read, and this one has no maxSkew.
+        (
+            {"topologySpreadConstraints": [{"topologyKey": "zone"}]},
+            "spec.topologySpreadConstraints[0] (maxSkew and topologyKey are required)",
+        ),
+        (
+            {"topologySpreadConstraints": [SPREAD, {**SPREAD, "maxSkew": 0}]},
+            "spec.topologySpreadConstraints[1] (maxSkew and topologyKey are required)",
+        ),
+        (
+            {"topologySpreadConstraints": [{**SPREAD, "minDomains": 0}]},
+            "spec.topologySpreadConstraints[0].minDomains",
+        ),
         (
             node_terms({"matchFields": [{"key": "spec.unschedulable", "values": ["false"]}]}),
             f"{NODE_TERMS}[0].matchFields[0]",
@@ -130,10 +204,15 @@ HOST_PORT = {"name": "c", "ports": [{"containerPort": 80}, {"containerPort": 808
         ({"resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}]}, "spec.resourceClaims"),
     ],
     ids=[
-        "podAffinity",
-        "podAntiAffinity",
-        "spread-DoNotSchedule",
-        "spread-default",
+        "podAffinity-namespaceSelector-labels",
+        "podAntiAffinity-namespaceSelector-labels",
+        "podAntiAffinity-namespaceSelector-expressions",
+        "podAntiAffinity-no-topologyKey",
+        "podAffinity-bad-operator",
+        "spread-DoNotSchedule-no-topologyKey",
+        "spread-default-no-maxSkew",
+        "spread-maxSkew-0",
+        "spread-minDomains-0",
         "matchFields-key",
         "resourceClaims",
     ],
@@ -143,6 +222,64 @@ def test_each_unsupported_field_is_found_and_named(spec: dict[str, Any], expecte
     message = unsupported_message("ns/p", (expected,))
     assert message.startswith(f"pod ns/p: {expected}")
     assert "is not supported yet; the pod waits (" in message
+
+
+#: Read and honoured (scheduler.cluster.podaffinity): never listed as unsupported.
+READABLE: dict[str, dict[str, Any]] = {
+    "podAffinity": {"affinity": {"podAffinity": {REQUIRED: [TERM]}}},
+    "podAntiAffinity": {"affinity": {"podAntiAffinity": {REQUIRED: [TERM]}}},
+    "podAntiAffinity-namespaces": {
+        "affinity": {"podAntiAffinity": {REQUIRED: [{**TERM, "namespaces": ["a", "b"]}]}}
+    },
+    "podAntiAffinity-all-namespaces": {
+        "affinity": {"podAntiAffinity": {REQUIRED: [{**TERM, "namespaceSelector": {}}]}}
+    },
+    "podAffinity-matchLabelKeys": {
+        "affinity": {
+            "podAffinity": {
+                REQUIRED: [{**TERM, "matchLabelKeys": ["app"], "mismatchLabelKeys": ["tier"]}]
+            }
+        }
+    },
+    "podAffinity-expressions": {
+        "affinity": {
+            "podAffinity": {
+                REQUIRED: [
+                    {
+                        "topologyKey": "zone",
+                        "labelSelector": {
+                            "matchExpressions": [
+                                {"key": "app", "operator": "In", "values": ["web"]},
+                                {"key": "tier", "operator": "NotIn", "values": ["db"]},
+                                {"key": "gpu", "operator": "Exists"},
+                                {"key": "cpu", "operator": "DoesNotExist"},
+                            ]
+                        },
+                    }
+                ]
+            }
+        }
+    },
+    "podAffinity-no-labelSelector": {
+        "affinity": {"podAffinity": {REQUIRED: [{"topologyKey": "z"}]}}
+    },
+    "spread-DoNotSchedule": {
+        "topologySpreadConstraints": [{**SPREAD, "whenUnsatisfiable": "DoNotSchedule"}]
+    },
+    "spread-default": {"topologySpreadConstraints": [SPREAD]},
+    "spread-all-fields": {
+        "topologySpreadConstraints": [
+            {
+                **SPREAD,
+                "maxSkew": 2,
+                "minDomains": 3,
+                "nodeAffinityPolicy": "Ignore",
+                "nodeTaintsPolicy": "Honor",
+                "matchLabelKeys": ["pod-template-hash"],
+            }
+        ]
+    },
+}
 
 
 @pytest.mark.parametrize(
@@ -162,6 +299,7 @@ def test_each_unsupported_field_is_found_and_named(spec: dict[str, Any], expecte
             }
         ),
         {"volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]},
+        *READABLE.values(),
     ],
     ids=[
         "preferred-podAffinity",
@@ -173,10 +311,28 @@ def test_each_unsupported_field_is_found_and_named(spec: dict[str, Any], expecte
         "hostPort",
         "matchFields-name-and-Gt",
         "pvc",
+        *READABLE,
     ],
 )
 def test_preferences_and_supported_forms_do_not_make_a_pod_wait(spec: dict[str, Any]) -> None:
     assert fields_of(spec) == ()
+    assert unsupported_fields(spec, "ns", {"app": "web"}) == ()
+
+
+@pytest.mark.parametrize("name", list(READABLE))
+def test_readable_pod_rules_are_carried_by_the_pod(name: str) -> None:
+    """Not listed, and not dropped either: the pod carries the rule for the solver."""
+    spec = READABLE[name]
+    pod = pod_from_k8s(k8s_pod(spec=spec), scheduler_name=SCHED, default_queue="q")
+    assert pod.unsupported == ()
+    assert pod.topology_rules
+    kinds = {
+        "podAffinity": len(pod.pod_affinity),
+        "podAntiAffinity": len(pod.pod_anti_affinity),
+        "spread": len(pod.spread),
+    }
+    expected = {k: int(name.startswith(k)) for k in kinds}
+    assert kinds == expected
 
 
 def test_match_fields_on_another_key_is_not_read_as_the_node_name() -> None:
@@ -194,38 +350,63 @@ def test_match_fields_on_another_key_is_not_read_as_the_node_name() -> None:
 
 def test_bound_and_foreign_pods_carry_no_findings() -> None:
     spec = {
-        "affinity": {"podAntiAffinity": {REQUIRED: [TERM]}},
+        "affinity": {"podAntiAffinity": {REQUIRED: [NS_TERM]}},
         "schedulingGates": [{"name": "g"}],
     }
     assert fields_of(spec, node_name="n1") == ()
     assert fields_of(spec, scheduler="default-scheduler") == ()
-    assert fields_of(spec) == (POD_ANTI_AFFINITY_REQUIRED,)
+    assert fields_of(spec) == (NS_ANTI,)
+
+
+def test_bound_pods_keep_their_anti_affinity_only() -> None:
+    """A running pod's anti-affinity keeps matching pods out of its domain (the rule is
+    symmetric), so it is read for bound and foreign pods too; its affinity and spread only
+    mattered when it was placed."""
+    spec = {**READABLE["podAffinity"], **READABLE["spread-default"]}
+    spec["affinity"] = {**spec["affinity"], **READABLE["podAntiAffinity"]["affinity"]}
+    others: list[dict[str, Any]] = [
+        {"node_name": "n1", "phase": "Running"},
+        {"scheduler": "default-scheduler"},
+    ]
+    for kw in others:
+        obj = k8s_pod(spec=spec, **kw)
+        pod = pod_from_k8s(obj, scheduler_name=SCHED, default_queue="q")
+        assert (len(pod.pod_anti_affinity), pod.pod_affinity, pod.spread) == (1, (), ()), kw
+    pending = pod_from_k8s(k8s_pod(spec=spec), scheduler_name=SCHED, default_queue="q")
+    assert (len(pending.pod_anti_affinity), len(pending.pod_affinity), len(pending.spread)) == (
+        1,
+        1,
+        1,
+    )
 
 
 def test_several_fields_are_listed_with_each_fix_once() -> None:
+    no_key = {"labelSelector": {"matchLabels": {"app": "web"}}}
     spec = {
         "affinity": {
-            "podAntiAffinity": {REQUIRED: [TERM], "x": 1},
-            "podAffinity": {REQUIRED: [TERM]},
+            "podAntiAffinity": {REQUIRED: [TERM, NS_TERM], "x": 1},
+            "podAffinity": {REQUIRED: [no_key, TERM]},
         },
         "containers": [HOST_PORT],
-        "topologySpreadConstraints": [{"maxSkew": 1}, {"maxSkew": 2}],
+        "topologySpreadConstraints": [{"maxSkew": 1}, SPREAD, {"maxSkew": 2}],
+        "resourceClaims": [{"name": "gpu"}],
     }
     fields = fields_of(spec)
     assert fields == (
-        POD_AFFINITY_REQUIRED,
-        POD_ANTI_AFFINITY_REQUIRED,
-        "spec.topologySpreadConstraints[0]",
-        "spec.topologySpreadConstraints[1]",
+        f"{POD_AFFINITY_REQUIRED}[0].topologyKey",
+        f"{POD_ANTI_AFFINITY_REQUIRED}[1].namespaceSelector",
+        "spec.topologySpreadConstraints[0] (maxSkew and topologyKey are required)",
+        "spec.topologySpreadConstraints[2] (maxSkew and topologyKey are required)",
+        "spec.resourceClaims",
     )
     message = unsupported_message("ns/p", fields)
+    # The same fix for affinity and anti-affinity is said once.
     assert message == (
-        f"pod ns/p: {POD_AFFINITY_REQUIRED}, {POD_ANTI_AFFINITY_REQUIRED}, "
-        "spec.topologySpreadConstraints[0] (whenUnsatisfiable: DoNotSchedule) and 1 more "
-        "are not supported yet; the pod waits (remove the required pod affinity, or use a "
-        "node selector/affinity; remove the required pod anti-affinity, or use a node "
-        "selector/affinity; remove the constraint, or set whenUnsatisfiable: ScheduleAnyway, "
-        "a preference not applied yet)"
+        f"pod ns/p: {POD_AFFINITY_REQUIRED}[0].topologyKey, {POD_ANTI_AFFINITY_REQUIRED}[1]"
+        ".namespaceSelector, spec.topologySpreadConstraints[0] (maxSkew and topologyKey are "
+        f"required) and 2 more are not supported yet; the pod waits ({POD_RULE_FIX}; "
+        f"{SPREAD_FIX}; dynamic resource allocation is not supported yet; ask for devices as "
+        "extended resources such as nvidia.com/gpu)"
     )
 
 
@@ -240,10 +421,17 @@ def test_several_fields_are_listed_with_each_fix_once() -> None:
         node_terms("x", {"matchFields": 3}),
         {"containers": [None, "c", {"ports": "80"}, {"ports": [None, 5]}]},
         {"topologySpreadConstraints": "x", "schedulingGates": [None, "g"]},
+        {"affinity": {"podAntiAffinity": {REQUIRED: ["x", None, 3, {"topologyKey": 3}]}}},
+        {"affinity": {"podAffinity": {REQUIRED: [{"topologyKey": "z", "labelSelector": "x"}]}}},
+        {"affinity": {"podAffinity": {REQUIRED: [{**TERM, "namespaceSelector": "x"}]}}},
+        {"affinity": {"podAffinity": {REQUIRED: [{**TERM, "matchLabelKeys": "app"}]}}},
+        {"topologySpreadConstraints": [None, "x", {"maxSkew": True, "topologyKey": "z"}]},
+        {"topologySpreadConstraints": [{**SPREAD, "minDomains": "3", "labelSelector": []}]},
     ],
 )
 def test_bad_input_never_raises(spec: Any) -> None:
     assert isinstance(unsupported_fields(spec), tuple)
+    assert isinstance(unsupported_fields(spec, "ns", {"app": "web"}), tuple)
     assert isinstance(scheduling_gates(spec), tuple)
 
 
@@ -256,10 +444,38 @@ def test_scheduling_gates_are_read() -> None:
 
 
 def test_snapshot_round_trips_the_new_fields() -> None:
-    spec = {"affinity": {"podAntiAffinity": {REQUIRED: [TERM]}}, "schedulingGates": [{"name": "g"}]}
+    spec = {
+        "affinity": {"podAntiAffinity": {REQUIRED: [NS_TERM]}},
+        "schedulingGates": [{"name": "g"}],
+    }
     pod = pod_from_k8s(k8s_pod(spec=spec), scheduler_name=SCHED, default_queue="q")
     snap = Snapshot(pods=(pod,))
     assert Snapshot.from_json(snap.to_json()).pods == (pod,)
+    assert pod.unsupported == (NS_ANTI,) and pod.scheduling_gates == ("g",)
+
+
+def test_snapshot_round_trips_pod_rules() -> None:
+    """Every kind of rule survives a snapshot file: an absent selector (matches nothing) stays
+    apart from an empty one (matches every pod), every namespace from the pod's own."""
+    spec: dict[str, Any] = {
+        "affinity": {
+            "podAffinity": {REQUIRED: [{"topologyKey": "zone"}, {**TERM, "namespaces": ["x"]}]},
+            "podAntiAffinity": {
+                REQUIRED: [{"topologyKey": "h", "labelSelector": {}, "namespaceSelector": {}}]
+            },
+        },
+        "topologySpreadConstraints": [
+            {**READABLE["spread-all-fields"]["topologySpreadConstraints"][0]}
+        ],
+    }
+    pod = pod_from_k8s(k8s_pod(spec=spec), scheduler_name=SCHED, default_queue="q")
+    got = Snapshot.from_json(Snapshot(pods=(pod,)).to_json()).pods[0]
+    assert got == pod
+    assert got.pod_affinity[0].selector is None
+    assert got.pod_anti_affinity[0].selector is not None
+    assert got.pod_anti_affinity[0].namespaces is None
+    assert got.pod_affinity[1].namespaces == ("x",)
+    assert (got.spread[0].min_domains, got.spread[0].honor_affinity) == (3, False)
 
 
 # --- through the cache, fair share and solve ---------------------------------------------
@@ -285,7 +501,7 @@ def placed_pods(placement: Placement) -> set[str]:
     return {a.pod_key for a in placement.assignments}
 
 
-ANTI = {"affinity": {"podAntiAffinity": {REQUIRED: [TERM]}}}
+ANTI = {"affinity": {"podAntiAffinity": {REQUIRED: [NS_TERM]}}}
 
 
 def test_a_pod_with_an_unsupported_field_waits_named_and_others_run() -> None:
@@ -298,8 +514,7 @@ def test_a_pod_with_an_unsupported_field_waits_named_and_others_run() -> None:
     outcome = placement.outcomes["ns/anti"]
     assert not outcome.placed and outcome.reason_code == "UnsupportedField"
     assert outcome.reason == (
-        f"pod ns/anti: {POD_ANTI_AFFINITY_REQUIRED} is not supported yet; the pod waits "
-        "(remove the required pod anti-affinity, or use a node selector/affinity)"
+        f"pod ns/anti: {NS_ANTI} is not supported yet; the pod waits ({POD_RULE_FIX})"
     )
     # It still waits (PodScheduled=False with that message), but asks its queue for nothing.
     assert snap.pod_by_uid["uid-anti"].pending
@@ -317,7 +532,31 @@ def test_one_such_pod_keeps_its_whole_gang_out() -> None:
     assert placement.assignments == ()
     outcome = placement.outcomes["ns/train"]
     assert outcome.reason_code == "UnsupportedField"
-    assert outcome.reason.startswith(f"pod ns/train-1: {POD_ANTI_AFFINITY_REQUIRED} is")
+    assert outcome.reason.startswith(f"pod ns/train-1: {NS_ANTI} is")
+
+
+def test_readable_anti_affinity_is_honoured_not_refused() -> None:
+    """Two pods that may not share a host, one node: one runs, the other waits for the rule
+    (not for an unsupported field); on two nodes both run, apart."""
+    readable = {"affinity": {"podAntiAffinity": {REQUIRED: [TERM]}}}
+
+    def web(name: str) -> tuple[str, dict[str, Any]]:
+        obj = k8s_pod(name, gpus=1, spec=readable)
+        obj["metadata"]["labels"]["app"] = "web"
+        return ("Pod", obj)
+
+    snap, placement, _ = decide(cluster(web("web-0"), web("web-1")))
+    assert all(p.unsupported == () and p.pod_anti_affinity for p in snap.pods)
+    assert len(placed_pods(placement)) == 1
+    (waiting,) = [o for o in placement.outcomes.values() if not o.placed]
+    assert waiting.reason_code == "PodAntiAffinity", waiting
+    assert "didn't match pod anti-affinity rules" in waiting.reason
+
+    cache = cluster(web("web-0"), web("web-1"))
+    cache.apply("Node", "ADDED", k8s_node("n2"))
+    _, placement, _ = decide(cache)
+    assert placed_pods(placement) == {"ns/web-0", "ns/web-1"}
+    assert len({a.node for a in placement.assignments}) == 2
 
 
 def test_preferred_forms_are_placed() -> None:
@@ -508,7 +747,30 @@ def test_the_simulator_reports_unsupported_fields() -> None:
     assert gangs["default/plain"].status == "running"
     anti = gangs["default/anti"]
     assert (anti.status, anti.reason_code) == ("waiting", "UnsupportedField")
-    assert POD_ANTI_AFFINITY_REQUIRED in anti.reason
+    assert NS_ANTI in anti.reason
+
+
+@pytest.mark.usefixtures("_restore_logging")
+def test_the_simulator_honours_readable_anti_affinity() -> None:
+    """Two jobs that may not share a host, one node: one runs, the other waits for the rule."""
+    data = copy.deepcopy(SCENARIO)
+    template = {
+        "metadata": {"labels": {"app": "web"}},
+        "spec": {
+            "affinity": {"podAntiAffinity": {REQUIRED: [TERM]}},
+            "containers": [{"name": "c", "resources": {"limits": {GPU: 1}}}],
+        },
+    }
+    data["jobs"] = [
+        {"name": f"web-{i}", "queue": "team", "pods": {"template": copy.deepcopy(template)}}
+        for i in range(2)
+    ]
+    result = simulate(parse_scenario(data))
+    gangs = {g.gang: g for g in gang_summaries(result)}
+    statuses = sorted(g.status for g in gangs.values())
+    assert statuses == ["running", "waiting"], gangs
+    (waiting,) = [g for g in gangs.values() if g.status == "waiting"]
+    assert waiting.reason_code == "PodAntiAffinity", waiting
 
 
 def test_the_simulator_refuses_scheduling_gates() -> None:
