@@ -29,28 +29,13 @@ from typing import Any
 import structlog
 
 from scheduler.cluster.disruption import DisruptionBudget
-from scheduler.cluster.selectors import NodeSelectorRequirement
+from scheduler.cluster.selectors import LabelSelector, NodeSelectorRequirement
 
 __all__ = ["BudgetIndex", "LabelSelector", "parse_label_selector"]
 
 log = structlog.get_logger("scheduler.cache.budgets")
 
 _LABEL_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
-
-
-@dataclass(frozen=True, slots=True)
-class LabelSelector:
-    """A ``metav1.LabelSelector``: every ``matchLabels`` pair and every expression hold."""
-
-    match_labels: tuple[tuple[str, str], ...] = ()
-    expressions: tuple[NodeSelectorRequirement, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        """True when ``labels`` satisfy the selector (an empty selector matches all)."""
-        for key, value in self.match_labels:
-            if labels.get(key) != value:
-                return False
-        return all(e.matches(labels) for e in self.expressions)
 
 
 def parse_label_selector(raw: Any) -> LabelSelector | None:

@@ -124,3 +124,42 @@ def node_accepts(
 
 
 __all__ += ["node_accepts"]
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSelector:
+    """A ``metav1.LabelSelector`` (``matchLabels`` and ``matchExpressions``), over pod labels:
+    pod affinity, spread constraints, PodDisruptionBudgets."""
+
+    match_labels: tuple[tuple[str, str], ...] = ()
+    expressions: tuple[NodeSelectorRequirement, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """True when every label and expression holds (an empty selector matches all)."""
+        return all(labels.get(k) == v for k, v in self.match_labels) and all(
+            e.matches(labels) for e in self.expressions
+        )
+
+    @property
+    def anchor(self) -> tuple[str, str] | None:
+        """A label every pod this selector matches carries, if there is one: rules are
+        looked up by it, so a pod is compared only with rules that may select it."""
+        if self.match_labels:
+            return self.match_labels[0]
+        for e in self.expressions:
+            if e.operator == "In" and len(e.values) == 1:
+                return (e.key, e.values[0])
+        return None
+
+    def describe(self) -> str:
+        """``app=web, tier in (a,b)`` - for messages."""
+        parts = [f"{k}={v}" for k, v in self.match_labels]
+        for e in self.expressions:
+            if e.operator in ("Exists", "DoesNotExist"):
+                parts.append(e.key if e.operator == "Exists" else f"!{e.key}")
+            else:
+                parts.append(f"{e.key} {e.operator.lower()} ({','.join(e.values)})")
+        return ", ".join(parts) or "every pod"
+
+
+__all__ += ["LabelSelector"]
