@@ -36,7 +36,9 @@ StorageClasses are stored as they are; an unbound pod of ours that uses claims g
 on them, recomputed when one of them changes (a changed verdict wakes the cycle loop), and the
 resolver ANDs the volumes' node affinity into the pod's or makes it wait
 (:mod:`scheduler.cluster.volumes`). When the scheduler may not read one of these kinds, only
-pods that use claims wait, saying what to grant.
+pods that use claims wait, saying what to grant. :attr:`Cache.volumes` reserves the volumes
+chosen for the WaitForFirstConsumer claims of pods being committed until the watch shows
+them bound (:mod:`scheduler.commit.volumebind` writes the bindings).
 
 Volcano (:mod:`scheduler.cache.volcano`): Volcano's Queues and PodGroups are stored beside
 KAI's and translated into the same queues and gangs. Names are shared: a queue is a queue
@@ -243,6 +245,8 @@ class Cache:
             self._raw["PersistentVolumeClaim"],
             self._raw["PersistentVolume"],
             self._raw["StorageClass"],
+            nodes=self._nodes,
+            on_change=lambda wake: self._changed(wake=wake),
         )
         self._resolver = Resolver(default_queue)
         self.pending_changed = asyncio.Event()
@@ -691,6 +695,12 @@ class Cache:
             return True
         return record.pod is not None and not record.pod.active
 
+    @property
+    def volumes(self) -> VolumeIndex:
+        """Volumes chosen for the claims of pods being committed (reserve, release, done;
+        see :mod:`scheduler.cache.volumes`)."""
+        return self._volumes
+
     # --- reading -----------------------------------------------------------------------
 
     def _resolve(self) -> Resolution:
@@ -704,6 +714,7 @@ class Cache:
             # One gang per name: KAI's PodGroup wins (see the module docstring).
             podgroups = {**volcano, **podgroups}
         self._volcano_gangs = frozenset(volcano)
+        self._volumes.refresh()  # verdicts marked by volume events since the last snapshot
         resolution = self._resolver.resolve(
             self._pods,
             podgroups,

@@ -18,7 +18,8 @@ are applied where they can be (:func:`scheduler.cluster.podaffinity.parse_pod_pr
 one left out never makes a placement wrong. Host ports are honoured
 (:mod:`scheduler.cluster.hostports`). PersistentVolumeClaims are judged when the snapshot is
 built, against the claims and volumes the cache holds (:mod:`scheduler.cluster.volumes`): an
-unbound ``WaitForFirstConsumer`` claim makes the pod wait with ``UnsupportedField`` there.
+unbound ``WaitForFirstConsumer`` claim is bound at commit to a pre-created volume usable on the
+chosen node.
 
 :func:`scheduling_gates` reads ``spec.schedulingGates``: a gated pod is not scheduled, and not
 pending work, until the gates are removed (Kubernetes' semantics; the API server itself marks

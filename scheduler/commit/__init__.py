@@ -1,6 +1,7 @@
 """Placement -> API calls: each gang bound as a transaction, victims evicted, status told.
 
 - :mod:`.transaction` - :func:`commit_gang`: grant annotations, assume, concurrent binds, forget
+- :mod:`.volumebind` - volumes reserved and bound to WaitForFirstConsumer claims before the binds
 - :mod:`.evict` - :func:`evict_gang`: a victim gang's evictions as a unit, Events, metrics
 - :mod:`.nominations` - :class:`Nominations`: gangs held on their nodes until victims are gone
 - :mod:`.staleness` - :class:`StalenessTracker`: partly bound gangs and their grace period

@@ -17,6 +17,11 @@ Order matters for restarts and for the next cycle:
 Leadership is checked before anything is assumed, and the writer checks it again right before
 every request goes out: a replica that lost the Lease sends nothing more.
 
+Volumes (:mod:`scheduler.commit.volumebind`): members with unbound WaitForFirstConsumer claims
+get their volumes reserved right before they are assumed (none left on a member's node: nothing
+of the gang is assumed), and the volumes are bound to the claims before any member's bind is
+sent (that failing: every member is forgotten, none is bound).
+
 :func:`assume_gang` is synchronous and :func:`bind_gang` does the I/O, so the live backend can
 assume in the cycle and let the binds stream in the background while the next cycle runs.
 """
@@ -31,6 +36,7 @@ from typing import Any, Protocol
 import structlog
 
 from scheduler.cluster.pod import Pod
+from scheduler.commit.volumebind import VolumeReservations, bind_volumes, reserve_volumes
 from scheduler.k8s.writer import BindOutcome, Writer
 from scheduler.solver.placement import GangOutcome, PodAssignment
 
@@ -61,6 +67,11 @@ class Assumer(Protocol):
 
     def observe_pod(self, obj: Mapping[str, Any]) -> None:
         """A pod as just read from the API server (newer than the watch may be)."""
+        ...
+
+    @property
+    def volumes(self) -> VolumeReservations:
+        """Volumes chosen for the claims of pods being committed."""
         ...
 
 
@@ -110,6 +121,11 @@ def assume_gang(
         result.skipped = True
         log.info("commit_skipped_not_leader", gang=outcome.gang, cycle=cycle)
         return result
+    refused = reserve_volumes(outcome, cache.volumes, cycle=cycle)
+    if refused:
+        result.skipped = True
+        result.failed = refused
+        return result
     for a in outcome.pods:
         cache.assume(a.pod_uid, a.node, a.gpu_grant)
     return None
@@ -130,6 +146,13 @@ async def bind_gang(
     result = GangCommit(outcome.gang)
     queue = outcome.queue or None
     assignments: Sequence[PodAssignment] = list(outcome.pods)
+    problem = await bind_volumes(outcome, writer, cache.volumes, cycle=cycle)
+    if problem is not None:
+        for a in assignments:
+            cache.forget(a.pod_uid)
+        result.skipped = True
+        result.failed = [(a, problem) for a in assignments]
+        return result
 
     async def bind(a: PodAssignment) -> BindOutcome:
         pod = pods[a.pod_key]

@@ -39,7 +39,7 @@ from kubernetes_asyncio.client import ApiClient
 from scheduler.cache.grants import GPU_GRANT_ANNOTATION, format_gpu_grant
 from scheduler.k8s.client import MERGE_PATCH, STRATEGIC_MERGE_PATCH, request_json
 from scheduler.k8s.errors import Conflict, KubeError, NotFound, PermanentError, TemporaryError
-from scheduler.k8s.resources import POD, PODGROUP, QUEUE
+from scheduler.k8s.resources import PERSISTENT_VOLUME, POD, PODGROUP, QUEUE, ResourceKind
 
 __all__ = [
     "DISRUPTION_REASON",
@@ -444,6 +444,31 @@ class Writer:
             "lastProbeTime": None,
         }
         await self._patch_pod_condition(namespace, name, condition)
+
+    # ------------------------------------------------------------------ volumes
+
+    async def patch_persistent_volume(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """Merge-patch a PersistentVolume, once (no retries): binding a volume to a claim
+        (:mod:`scheduler.commit.volumebind`). A ``metadata.resourceVersion`` in ``patch`` is
+        a precondition: :class:`Conflict` when the volume changed since. The volume as
+        written."""
+        out = await self._request(
+            "PATCH",
+            PERSISTENT_VOLUME.object_path(None, name),
+            body=dict(patch),
+            content_type=MERGE_PATCH,
+        )
+        return out if isinstance(out, dict) else {}
+
+    async def get_object(
+        self, kind: ResourceKind, namespace: str | None, name: str
+    ) -> dict[str, Any] | None:
+        """An object as the API server has it now, or None when it does not exist."""
+        try:
+            out = await self._request("GET", kind.object_path(namespace, name), write=False)
+        except NotFound:
+            return None
+        return out if isinstance(out, dict) else None
 
     # ------------------------------------------------------------------ status of CRDs
 

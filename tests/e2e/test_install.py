@@ -196,6 +196,7 @@ def _assert_least_privilege(cp: ControlPlane, namespace: str, make_gpu_nodes: Ma
         ("list", "poddisruptionbudgets.policy", namespace),
         ("watch", "persistentvolumeclaims", None), ("get", "persistentvolumeclaims", namespace),
         ("watch", "persistentvolumes", None), ("watch", "storageclasses.storage.k8s.io", None),
+        ("patch", "persistentvolumes", None),
         ("create", "leases.coordination.k8s.io", NS), ("update", "leases.coordination.k8s.io", NS),
     ]  # fmt: skip
     denied_list = [
@@ -206,7 +207,7 @@ def _assert_least_privilege(cp: ControlPlane, namespace: str, make_gpu_nodes: Ma
         ("delete", "podgroups.scheduling.run.ai", namespace),
         ("create", "leases.coordination.k8s.io", namespace), ("create", "priorityclasses", None),
         ("delete", "poddisruptionbudgets.policy", namespace),
-        ("update", "persistentvolumeclaims", namespace), ("patch", "persistentvolumes", None),
+        ("update", "persistentvolumeclaims", namespace), ("update", "persistentvolumes", None),
         ("create", "persistentvolumes", None), ("delete", "storageclasses.storage.k8s.io", None),
         ("create", "clusterrolebindings", None), ("delete", "namespaces", None),
     ]  # fmt: skip

@@ -52,12 +52,13 @@ REQUIRED_CLUSTER_PERMISSIONS: set[tuple[str, str, str]] = {
     ("scheduling.volcano.sh", "queues", "create"),
     *{("scheduling.k8s.io", "priorityclasses", v) for v in ("get", "list", "watch")},
     *{("policy", "poddisruptionbudgets", v) for v in ("list", "watch")},
-    # Read-only: the scheduler never binds or provisions volumes.
+    # Read; volumes patched only to bind WaitForFirstConsumer claims (spec.claimRef).
     *{
         ("", r, v)
         for r in ("persistentvolumeclaims", "persistentvolumes")
         for v in ("get", "list", "watch")
     },
+    ("", "persistentvolumes", "patch"),
     *{("storage.k8s.io", "storageclasses", v) for v in ("get", "list", "watch")},
 }
 REQUIRED_LEASE_PERMISSIONS = {

@@ -7,24 +7,39 @@ their API form), fair share and solve, as in a cluster.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import dataclasses
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, cast
 
 import pytest
+import structlog
 
 from scheduler.cache import Cache
 from scheduler.cluster import Snapshot
+from scheduler.cluster.pod import Pod
 from scheduler.cluster.selectors import NodeSelectorRequirement, NodeSelectorTerm
 from scheduler.cluster.volumes import (
     MAX_TERMS,
+    NO_PROVISIONER,
     PodClaim,
+    VolumeBinding,
     and_terms,
+    claim_binding,
+    or_terms,
     pod_claims,
 )
+from scheduler.commit import volumebind
+from scheduler.commit.transaction import GangCommit, commit_gang
+from scheduler.commit.volumebind import FORBIDDEN
 from scheduler.fairness import compute_fair_shares
+from scheduler.k8s.errors import Conflict, Forbidden, TemporaryError
+from scheduler.k8s.resources import ResourceKind
+from scheduler.k8s.writer import BindOutcome, Writer
 from scheduler.simulate.scenario import ScenarioError, parse_scenario
 from scheduler.solver import solve
+from scheduler.solver.placement import GangOutcome, PodAssignment
 from tests.unit.test_unsupported_fields import (
     SCENARIO,
     SCHED,
@@ -38,6 +53,18 @@ from tests.unit.test_unsupported_fields import (
 )
 
 HOST = "kubernetes.io/hostname"
+
+
+@pytest.fixture(autouse=True)
+def default_logging() -> Iterator[None]:
+    """structlog's defaults here: some earlier tests leave a half-replaced configuration
+    (stdlib processors with a print logger) that breaks any warning logged after them."""
+    saved = structlog.get_config()
+    structlog.reset_defaults()
+    yield
+    structlog.configure(**saved)
+
+
 BIND_COMPLETED = {"pv.kubernetes.io/bind-completed": "yes"}
 
 
@@ -61,15 +88,31 @@ def pvc(
     storage_class: str | None = None,
     owner: str | None = None,
     deleting: bool = False,
+    request: str = "1Gi",
+    modes: tuple[str, ...] = ("ReadWriteOnce",),
+    volume_mode: str | None = None,
+    selector: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": "ns", "uid": f"uid-pvc-{name}"}
-    spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"]}
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": "ns",
+        "uid": f"uid-pvc-{name}",
+        "resourceVersion": "7",
+    }
+    spec: dict[str, Any] = {
+        "accessModes": list(modes),
+        "resources": {"requests": {"storage": request}},
+    }
     if volume:
         spec["volumeName"] = volume
         if complete:
             meta["annotations"] = dict(BIND_COMPLETED)
     if storage_class is not None:
         spec["storageClassName"] = storage_class
+    if volume_mode is not None:
+        spec["volumeMode"] = volume_mode
+    if selector is not None:
+        spec["selector"] = selector
     if owner:
         meta["ownerReferences"] = [
             {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": owner, "controller": True}
@@ -84,20 +127,39 @@ def pv(
     *hosts: str,
     terms: list[dict[str, Any]] | None = None,
     labels: dict[str, str] | None = None,
+    storage_class: str | None = None,
+    capacity: str = "1Gi",
+    modes: tuple[str, ...] = ("ReadWriteOnce",),
+    volume_mode: str | None = None,
+    claim: str | None = None,
+    phase: str = "Available",
+    deleting: bool = False,
+    rv: str = "1",
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"]}
+    spec: dict[str, Any] = {"capacity": {"storage": capacity}, "accessModes": list(modes)}
     if hosts:
         terms = [{"matchExpressions": [{"key": HOST, "operator": "In", "values": list(hosts)}]}]
     if terms is not None:
         spec["nodeAffinity"] = {"required": {"nodeSelectorTerms": terms}}
-    return {
-        "metadata": {"name": name, "uid": f"uid-pv-{name}", "labels": labels or {}},
-        "spec": spec,
+    if storage_class is not None:
+        spec["storageClassName"] = storage_class
+    if volume_mode is not None:
+        spec["volumeMode"] = volume_mode
+    if claim is not None:
+        spec["claimRef"] = {"namespace": "ns", "name": claim}
+    meta: dict[str, Any] = {
+        "name": name,
+        "uid": f"uid-pv-{name}",
+        "labels": labels or {},
+        "resourceVersion": rv,
     }
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
 
 
-def storage_class(name: str, mode: str) -> dict[str, Any]:
-    return {"metadata": {"name": name}, "provisioner": "x", "volumeBindingMode": mode}
+def storage_class(name: str, mode: str, provisioner: str = "x") -> dict[str, Any]:
+    return {"metadata": {"name": name}, "provisioner": provisioner, "volumeBindingMode": mode}
 
 
 def node(name: str, **labels: str) -> dict[str, Any]:
@@ -392,25 +454,471 @@ def test_an_unbound_claim_waits_for_its_binding(objs: list[dict[str, Any]], reas
     assert waits(cache) == ("VolumeNotBound", f"pod ns/p: {reason}")
 
 
-def test_wait_for_first_consumer_is_not_bound_yet_and_says_so() -> None:
+def test_an_immediate_class_follows_the_class_and_binding() -> None:
+    """An Immediate claim waits for the PV controller; when the class is WaitForFirstConsumer
+    the scheduler binds it; once bound the pod follows its volume."""
     cache = cluster(
-        ("StorageClass", storage_class("local", "WaitForFirstConsumer")),
+        ("StorageClass", storage_class("local", "Immediate")),
         ("PersistentVolumeClaim", pvc("data", storage_class="local")),
-        ("PersistentVolume", pv("pv-1", "n1")),  # Available, but binding it is not done here
+        ("PersistentVolume", pv("pv-1", "n1", storage_class="local")),
         ("Pod", pvc_pod("p", "data")),
     )
-    code, reason = waits(cache)
-    assert code == "UnsupportedField"
-    assert "binding WaitForFirstConsumer volumes is not supported yet" in reason
-    assert reason.startswith("pod ns/p: persistentvolumeclaim ns/data (StorageClass local)")
-    # The class changes to Immediate (recreated): the message follows the class.
+    assert waits(cache) == (
+        "VolumeNotBound",
+        "pod ns/p: waiting for persistentvolumeclaim ns/data to be bound",
+    )
+    # The class changes to WaitForFirstConsumer (recreated): the scheduler binds it.
     cache.pending_changed.clear()
-    cache.apply("StorageClass", "MODIFIED", storage_class("local", "Immediate"))
+    cache.apply("StorageClass", "MODIFIED", storage_class("local", "WaitForFirstConsumer"))
     assert cache.pending_changed.is_set()
-    assert waits(cache)[0] == "VolumeNotBound"
+    assert placement_of(cache) == {"ns/p": "n1"}
     # Bound by the PV controller: placed on the volume's node.
     cache.apply("PersistentVolumeClaim", "MODIFIED", pvc("data", "pv-1", storage_class="local"))
     assert placement_of(cache) == {"ns/p": "n1"}
+
+
+# --- WaitForFirstConsumer: candidates ---------------------------------------------------
+
+LOCAL = ("StorageClass", storage_class("local", "WaitForFirstConsumer", NO_PROVISIONER))
+
+
+def local_pv(name: str, *hosts: str, **kw: Any) -> tuple[str, dict[str, Any]]:
+    kw.setdefault("storage_class", "local")
+    return ("PersistentVolume", pv(name, *hosts, **kw))
+
+
+def local_volume(name: str, *hosts: str, **kw: Any) -> dict[str, Any]:
+    return local_pv(name, *hosts, **kw)[1]
+
+
+def local_claim(name: str, **kw: Any) -> tuple[str, dict[str, Any]]:
+    return ("PersistentVolumeClaim", pvc(name, storage_class="local", **kw))
+
+
+def pod_of(cache: Cache, name: str = "p") -> Pod:
+    return next(p for p in cache.snapshot().pods if p.name == name)
+
+
+def test_an_unbound_claim_goes_where_a_candidate_volume_is() -> None:
+    cache = cluster(
+        LOCAL,
+        local_pv("pv-2", "n2"),
+        local_claim("data"),
+        ("Pod", pvc_pod("p", "data")),
+        ("Pod", k8s_pod("plain", gpus=1)),
+    )
+    p = pod_of(cache)
+    assert p.blocked is None
+    assert p.affinity == (term(req(HOST, "n2")),)
+    assert p.volume_affinity
+    placed = placement_of(cache)
+    assert placed["ns/p"] == "n2"
+    assert "ns/plain" in placed
+
+
+def test_candidates_on_many_nodes_make_one_term() -> None:
+    """Local volumes on n1 and n3 (and one taken on n2): hostname In n1, n3 - one term, however
+    many volumes; ANDed with the pod's own affinity."""
+    volumes = [local_pv(f"pv-{i}", f"n{i}") for i in (3, 1)]
+    cache = cluster(
+        LOCAL,
+        *volumes,
+        local_pv("pv-2", "n2", claim="other"),
+        local_claim("data"),
+        ("Pod", pvc_pod("p", "data", spec=node_terms({"matchExpressions": [
+            {"key": HOST, "operator": "NotIn", "values": ["n9"]}]}))),
+    )  # fmt: skip
+    not_n9 = NodeSelectorRequirement(HOST, "NotIn", ("n9",))
+    assert pod_of(cache).affinity == (term(not_n9, req(HOST, "n1", "n3")),)
+    assert placement_of(cache)["ns/p"] in ("n1", "n3")
+    # A volume that may be used anywhere makes the claim restrict nothing.
+    cache.apply("PersistentVolume", "ADDED", pv("pv-any", storage_class="local"))
+    assert pod_of(cache).affinity == (term(not_n9),)
+
+
+def test_or_terms_merges_terms_differing_in_one_in_requirement() -> None:
+    a, b = req(HOST, "n1"), req(HOST, "n2")
+    zone = NodeSelectorRequirement("zone", "NotIn", ("x",))
+    assert or_terms([(term(a),), (term(b),)]) == (term(req(HOST, "n1", "n2")),)
+    assert or_terms([(term(a, zone),), (term(b, zone),), (term(zone),)]) == (
+        term(req(HOST, "n1", "n2"), zone),
+        term(zone),
+    )
+    assert or_terms([(term(a),), ()]) == ()  # one of them may be used anywhere
+    assert or_terms([(term(),)]) == (term(),)  # matches no node
+
+
+@pytest.mark.parametrize(
+    ("volume", "claim", "fits"),
+    [
+        ({}, {}, True),
+        ({"storage_class": "other"}, {}, False),
+        ({"claim": "someone-else"}, {}, False),
+        ({"phase": "Released"}, {}, False),
+        ({"phase": "Pending"}, {}, False),
+        ({"deleting": True}, {}, False),
+        ({"capacity": "500Mi"}, {}, False),
+        ({"capacity": "10Gi"}, {}, True),
+        ({"modes": ("ReadWriteOnce", "ReadOnlyMany")}, {"modes": ("ReadOnlyMany",)}, True),
+        ({"modes": ("ReadWriteOnce",)}, {"modes": ("ReadWriteMany",)}, False),
+        ({}, {"modes": ("ReadWriteOnce", "ReadOnlyMany")}, False),
+        ({"volume_mode": "Block"}, {}, False),
+        ({"volume_mode": "Block"}, {"volume_mode": "Block"}, True),
+        ({"volume_mode": "Filesystem"}, {}, True),
+        ({"labels": {"tier": "fast"}}, {"selector": {"matchLabels": {"tier": "fast"}}}, True),
+        ({"labels": {"tier": "slow"}}, {"selector": {"matchLabels": {"tier": "fast"}}}, False),
+        (
+            {"labels": {"tier": "slow"}},
+            {"selector": {"matchExpressions": [
+                {"key": "tier", "operator": "NotIn", "values": ["fast"]}]}},
+            True,
+        ),
+        ({}, {"selector": {"matchExpressions": [{"key": "tier", "operator": "Exists"}]}}, False),
+        ({}, {"selector": {"matchExpressions": [{"key": "tier", "operator": "Bad"}]}}, False),
+        ({}, {"selector": {}}, True),
+    ],
+    ids=[
+        "fits", "other-class", "claimed-by-another", "released", "not-available-yet",
+        "deleting", "too-small", "bigger", "modes-superset", "mode-missing", "modes-subset",
+        "block-vs-filesystem", "block", "filesystem-default", "selector", "selector-mismatch",
+        "selector-notin", "selector-exists", "selector-bad-operator", "empty-selector",
+    ],
+)  # fmt: skip
+def test_which_volumes_can_bind_a_claim(
+    volume: dict[str, Any], claim: dict[str, Any], fits: bool
+) -> None:
+    cache = cluster(LOCAL, local_pv("pv-1", "n2", **volume), local_claim("data", **claim))
+    cache.apply("Pod", "ADDED", pvc_pod("p", "data"))
+    p = pod_of(cache)
+    if fits:
+        assert p.blocked is None
+        assert placement_of(cache) == {"ns/p": "n2"}
+    else:
+        assert p.blocked == (
+            "VolumeNotBound",
+            "0 persistentvolumes available for persistentvolumeclaim ns/data (StorageClass "
+            "local); no provisioning is done here",
+        )
+
+
+def test_a_volume_pre_bound_to_the_claim_is_its_only_candidate() -> None:
+    """A volume whose claimRef names the claim wins over every other (as in kube-scheduler),
+    whatever its class or phase."""
+    cache = cluster(
+        LOCAL,
+        local_pv("pv-1", "n1"),
+        ("PersistentVolume", pv("pv-mine", "n3", claim="data", phase="Pending")),
+        local_claim("data"),
+        ("Pod", pvc_pod("p", "data")),
+    )
+    assert pod_of(cache).affinity == (term(req(HOST, "n3")),)
+    assert placement_of(cache) == {"ns/p": "n3"}
+    (binding,) = reserve(cache, "p", "n3")
+    assert (binding.volume, binding.prebound) == ("pv-mine", True)
+
+
+def test_without_candidates_the_pod_waits_naming_claim_and_class() -> None:
+    cache = cluster(LOCAL, local_claim("data"), ("Pod", pvc_pod("p", "data")))
+    cache.apply("Pod", "ADDED", k8s_pod("plain", gpus=1))
+    _, placement, requested = decide(cache)
+    assert placed_pods(placement) == {"ns/plain"}
+    outcome = placement.outcomes["ns/p"]
+    assert (outcome.reason_code, outcome.reason) == (
+        "VolumeNotBound",
+        "pod ns/p: 0 persistentvolumes available for persistentvolumeclaim ns/data "
+        "(StorageClass local); no provisioning is done here",
+    )
+    assert requested["gpu"] == 1000  # the waiting pod asks its queue for nothing
+    # A volume appears: the loop wakes and the pod is placed there.
+    cache.pending_changed.clear()
+    cache.apply("PersistentVolume", "ADDED", local_volume("pv-1", "n3"))
+    assert cache.pending_changed.is_set()
+    assert placement_of(cache)["ns/p"] == "n3"
+    # A volume of another class wakes nothing.
+    cache.pending_changed.clear()
+    cache.apply("PersistentVolume", "ADDED", pv("pv-x", "n1", storage_class="other"))
+    assert not cache.pending_changed.is_set()
+
+
+def test_a_dynamic_provisioner_is_named_as_not_supported_yet() -> None:
+    cache = cluster(
+        ("StorageClass", storage_class("fast", "WaitForFirstConsumer", "ebs.csi.aws.com")),
+        ("PersistentVolumeClaim", pvc("data", storage_class="fast")),
+        ("Pod", pvc_pod("p", "data")),
+    )
+    assert waits(cache) == (
+        "VolumeNotBound",
+        "pod ns/p: 0 persistentvolumes available for persistentvolumeclaim ns/data "
+        "(StorageClass fast); dynamic provisioning (provisioner ebs.csi.aws.com) is not "
+        "supported yet: create a matching persistentvolume, or use a StorageClass with "
+        "volumeBindingMode: Immediate",
+    )
+    # A matching pre-created volume of that class is used.
+    cache.apply("PersistentVolume", "ADDED", pv("pv-1", "n2", storage_class="fast"))
+    assert placement_of(cache) == {"ns/p": "n2"}
+
+
+def test_candidates_beyond_max_terms_wait_named() -> None:
+    """Terms that cannot be merged (each volume on its own zone and rack) beyond MAX_TERMS."""
+    volumes = [
+        local_pv(f"pv-{i}", terms=[{"matchExpressions": [
+            {"key": "zone", "operator": "In", "values": [f"z{i}"]},
+            {"key": "rack", "operator": "In", "values": [f"r{i}"]}]}])
+        for i in range(MAX_TERMS + 1)
+    ]  # fmt: skip
+    cache = cluster(LOCAL, *volumes, local_claim("data"), ("Pod", pvc_pod("p", "data")))
+    code, reason = waits(cache)
+    assert code == "UnsupportedField"
+    assert reason == (
+        f"pod ns/p: the {MAX_TERMS + 1} persistentvolumes available for persistentvolumeclaim "
+        f"ns/data (StorageClass local) have together more than {MAX_TERMS} node selector "
+        "terms, which is not supported yet; the pod waits"
+    )
+    # Fewer volumes: the pod is placed on a node of one of them.
+    for i in range(2, MAX_TERMS + 1):
+        cache.apply("PersistentVolume", "DELETED", volumes[i][1])
+    assert pod_of(cache).blocked is None
+
+
+def test_candidates_anded_with_the_pods_affinity_beyond_max_terms_wait_named() -> None:
+    terms = [
+        {"matchExpressions": [{"key": "k", "operator": "In", "values": [str(i)]}]} for i in range(9)
+    ]
+    rack = [{"matchExpressions": [{"key": "rack", "operator": "Exists"}]}]
+    volumes = [
+        local_pv(f"pv-{i}", terms=[{"matchExpressions": [
+            {"key": "zone", "operator": "NotIn", "values": [f"z{i}"]}]}])
+        for i in range(8)
+    ]  # fmt: skip
+    cache = cluster(
+        LOCAL,
+        *volumes,
+        local_pv("pv-rack", terms=rack),
+        local_claim("data"),
+        ("Pod", pvc_pod("p", "data", spec=node_terms(*terms))),
+    )
+    code, reason = waits(cache)
+    assert code == "UnsupportedField"
+    assert f"more than {MAX_TERMS} node selector terms" in reason
+
+
+def test_two_claims_need_two_distinct_volumes() -> None:
+    cache = cluster(
+        LOCAL,
+        local_pv("pv-1", "n1"),
+        local_claim("a"),
+        local_claim("b"),
+        ("Pod", pvc_pod("p", "a", "b")),
+    )
+    assert waits(cache) == (
+        "VolumeNotBound",
+        "pod ns/p: persistentvolumeclaims ns/a, ns/b need 2 distinct persistentvolumes, only 1 "
+        "of them can be bound at once; no provisioning is done here",
+    )
+    cache.apply("PersistentVolume", "ADDED", local_volume("pv-2", "n1"))
+    assert placement_of(cache) == {"ns/p": "n1"}
+    assert {b.volume for b in reserve(cache, "p", "n1")} == {"pv-1", "pv-2"}
+
+
+def test_a_volume_with_unreadable_affinity_is_named_when_nothing_else_fits() -> None:
+    bad = [{"matchFields": [{"key": "spec.x", "operator": "In", "values": ["x"]}]}]
+    cache = cluster(LOCAL, local_pv("pv-bad", terms=bad), local_claim("data"))
+    cache.apply("Pod", "ADDED", pvc_pod("p", "data"))
+    assert waits(cache) == (
+        "UnsupportedField",
+        "pod ns/p: persistentvolume pv-bad: spec.nodeAffinity.required.nodeSelectorTerms[0]"
+        ".matchFields[0] is not supported yet (only metadata.name is); the pod waits",
+    )
+    cache.apply("PersistentVolume", "ADDED", local_volume("pv-good", "n2"))
+    assert placement_of(cache) == {"ns/p": "n2"}
+
+
+def test_without_permission_to_read_volumes_unbound_claims_wait_named() -> None:
+    cache = cluster(LOCAL, local_pv("pv-1", "n2"), local_claim("data"))
+    cache.apply("Pod", "ADDED", pvc_pod("p", "data"))
+    cache.set_absent("PersistentVolume", True)
+    code, reason = waits(cache)
+    assert code == "VolumeNotBound"
+    assert "(StorageClass local) cannot be bound: the scheduler may not read persistentvolumes" in (
+        reason
+    )
+
+
+# --- WaitForFirstConsumer: choosing and reserving volumes at commit ----------------------
+
+
+def reserve(cache: Cache, pod: str, node: str) -> tuple[VolumeBinding, ...]:
+    chosen = cache.volumes.reserve(f"uid-{pod}", node)
+    assert not isinstance(chosen, str), chosen
+    return chosen
+
+
+def test_the_smallest_fitting_volume_on_the_node_is_chosen_and_reserved() -> None:
+    cache = cluster(
+        LOCAL,
+        local_pv("pv-big", "n1", capacity="10Gi", rv="11"),
+        local_pv("pv-small", "n1", capacity="2Gi", rv="12"),
+        local_pv("pv-tiny", "n1", capacity="100Mi"),  # too small for 1Gi
+        local_pv("pv-n2", "n2", capacity="1Gi"),
+        local_claim("a"),
+        local_claim("b"),
+        local_claim("c"),
+        ("Pod", pvc_pod("pa", "a")),
+        ("Pod", pvc_pod("pb", "b")),
+        ("Pod", pvc_pod("pc", "c")),
+    )
+    (first,) = reserve(cache, "pa", "n1")
+    assert first == VolumeBinding("ns", "a", "uid-pvc-a", "pv-small", "12", "7")
+    assert first.patch() == {
+        "metadata": {
+            "resourceVersion": "12",
+            "annotations": {"pv.kubernetes.io/bound-by-controller": "yes"},
+        },
+        "spec": {
+            "claimRef": {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "namespace": "ns",
+                "name": "a",
+                "uid": "uid-pvc-a",
+                "resourceVersion": "7",
+            }
+        },
+    }
+    assert cache.volumes.reservations() == {"pv-small": "ns/a"}
+    # Another pod's claim does not get it, in this cycle or the next.
+    (second,) = reserve(cache, "pb", "n1")
+    assert second.volume == "pv-big"
+    assert pod_of(cache, "pc").affinity == (term(req(HOST, "n2")),)
+    # None left on n1: the pod fails there and avoids n1 until the volumes change.
+    cache.pending_changed.clear()
+    assert cache.volumes.reserve("uid-pc", "n1") == (
+        "no persistentvolume is left for persistentvolumeclaim ns/c (StorageClass local) on node n1"
+    )
+    assert cache.pending_changed.is_set()
+    assert pod_of(cache, "pc").affinity == (
+        term(req(HOST, "n2"), NodeSelectorRequirement("metadata.name", "NotIn", ("n1",))),
+    )
+    # pa's commit fails: pv-small is free again, and pc may try n1 again.
+    cache.volumes.release("uid-pa")
+    assert cache.volumes.reservations() == {"pv-big": "ns/b"}
+    assert pod_of(cache, "pc").affinity == (term(req(HOST, "n1", "n2")),)
+    (third,) = reserve(cache, "pc", "n1")
+    assert third.volume == "pv-small"
+
+
+def test_a_reservation_ends_when_the_watch_shows_the_volume_bound() -> None:
+    cache = cluster(
+        LOCAL,
+        local_pv("pv-1", "n1"),
+        local_pv("pv-2", "n2"),
+        local_claim("a"),
+        local_claim("b"),
+        ("Pod", pvc_pod("pa", "a")),
+        ("Pod", pvc_pod("pb", "b")),
+    )
+    reserve(cache, "pa", "n1")
+    assert pod_of(cache, "pb").affinity == (term(req(HOST, "n2")),)
+    cache.volumes.done("uid-pa")  # bound: stays reserved until the watch shows it
+    assert cache.volumes.reservations() == {"pv-1": "ns/a"}
+    cache.apply("PersistentVolume", "ADDED", local_volume("pv-1", "n1", claim="a", rv="20"))
+    assert cache.volumes.reservations() == {}
+    assert pod_of(cache, "pb").affinity == (term(req(HOST, "n2")),)
+    # A released pod's volume stays with the claim the watch shows it bound to.
+    cache.volumes.release("uid-pa")
+    assert pod_of(cache, "pb").affinity == (term(req(HOST, "n2")),)
+
+
+def test_pods_sharing_a_claim_share_its_volume() -> None:
+    cache = cluster(
+        LOCAL,
+        local_pv("pv-1", "n1", modes=("ReadWriteMany",)),
+        local_pv("pv-2", "n2", modes=("ReadWriteMany",)),
+        local_claim("shared", modes=("ReadWriteMany",)),
+        ("Pod", pvc_pod("pa", "shared")),
+        ("Pod", pvc_pod("pb", "shared")),
+    )
+    (a,) = reserve(cache, "pa", "n2")
+    assert pod_of(cache, "pb").affinity == (term(req(HOST, "n2")),)
+    (b,) = reserve(cache, "pb", "n2")
+    assert a == b
+    assert cache.volumes.reserve("uid-pb", "n1") == (
+        "no persistentvolume is left for persistentvolumeclaim ns/shared (StorageClass local) "
+        "on node n1"
+    )
+    # Released by one pod, still reserved for the other.
+    cache.volumes.release("uid-pb")
+    assert cache.volumes.reservations() == {"pv-2": "ns/shared"}
+    cache.volumes.release("uid-pa")
+    assert cache.volumes.reservations() == {}
+
+
+def test_choice_is_deterministic_and_claims_are_taken_smallest_first() -> None:
+    objs = [
+        LOCAL,
+        local_pv("pv-5", "n1", capacity="5Gi"),
+        local_pv("pv-2a", "n1", capacity="2Gi"),
+        local_pv("pv-2b", "n1", capacity="2Gi"),
+        local_claim("big", request="4Gi"),
+        local_claim("small", request="2Gi"),
+        ("Pod", pvc_pod("p", "big", "small")),
+    ]
+    for order in (objs, list(reversed(objs))):
+        cache = cluster(*order)
+        chosen = reserve(cache, "p", "n1")
+        assert [(b.claim, b.volume) for b in chosen] == [("big", "pv-5"), ("small", "pv-2a")]
+
+
+def test_a_pod_without_such_claims_reserves_nothing() -> None:
+    cache = cluster(
+        ("PersistentVolume", pv("pv-1", "n2")),
+        ("PersistentVolumeClaim", pvc("data", "pv-1")),
+        ("Pod", pvc_pod("p", "data")),
+        ("Pod", k8s_pod("plain")),
+    )
+    assert cache.volumes.reserve("uid-p", "n2") == ()
+    assert cache.volumes.reserve("uid-plain", "n2") == ()
+    assert cache.volumes.reserve("uid-unknown", "n2") == ()
+
+
+def test_without_permission_to_write_volumes_such_pods_wait_named_and_others_run() -> None:
+    cache = cluster(
+        LOCAL,
+        local_pv("pv-1", "n2"),
+        local_claim("data"),
+        ("Pod", pvc_pod("p", "data")),
+        ("Pod", pvc_pod("bound", "done")),
+        ("PersistentVolumeClaim", pvc("done", "pv-9")),
+        ("PersistentVolume", pv("pv-9", "n3", claim="done")),
+        ("Pod", k8s_pod("plain", gpus=1)),
+    )
+    token = cache.volumes.forbid_writes(FORBIDDEN)
+    _, placement, _ = decide(cache)
+    assert placed_pods(placement) == {"ns/plain", "ns/bound"}
+    outcome = placement.outcomes["ns/p"]
+    assert (outcome.reason_code, outcome.reason) == (
+        "VolumeNotBound",
+        "pod ns/p: persistentvolumeclaim ns/data (StorageClass local) cannot be bound: the "
+        "scheduler may not patch persistentvolumes (grant patch on persistentvolumes to the "
+        "scheduler; see manifests/20-rbac.yaml)",
+    )
+    cache.volumes.allow_writes(token - 1)  # forbidden again since: stays
+    assert waits(cache)[0] == "VolumeNotBound"
+    cache.pending_changed.clear()
+    cache.volumes.allow_writes(token)
+    assert cache.pending_changed.is_set()
+    assert placement_of(cache)["ns/p"] == "n2"
+
+
+def test_a_relist_of_many_volumes_judges_each_pod_once_per_snapshot() -> None:
+    cache = cluster(LOCAL, local_claim("data"), ("Pod", pvc_pod("p", "data")))
+    cache.relisted(
+        "PersistentVolume",
+        [pv(f"pv-{i}", f"n{i % 3 + 1}", storage_class="local") for i in range(300)],
+    )
+    assert pod_of(cache).affinity == (term(req(HOST, "n1", "n2", "n3")),)
+    cache.relisted("PersistentVolume", [])
+    assert pod_of(cache).blocked is not None
 
 
 def test_a_claim_being_deleted_waits() -> None:
@@ -505,6 +1013,225 @@ def test_incremental_view_equals_a_fresh_cache() -> None:
     (p,) = cache.snapshot().pods
     assert p.affinity == (term(req(HOST, "n1", "n2", "n3"), req(HOST, "n2")),)
     assert placement_of(cache) == {"ns/p": "n2"}
+
+
+# --- WaitForFirstConsumer: binding at commit (the writer stubbed; the real API server is
+# in tests/integration/test_volume_binding.py and tests/e2e/test_volumes.py) ------------
+
+
+class StubWriter:
+    """The writes of a gang's commit, recorded; answers scripted. With ``controller`` a
+    successful volume write is followed by what the PV controller does (claim bound)."""
+
+    def __init__(self, cache: Cache, *, controller: bool = True) -> None:
+        self.cache = cache
+        self.controller = controller
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+        self.binds: list[tuple[str, str]] = []
+        #: Volume -> errors its next writes raise.
+        self.errors: dict[str, list[Exception]] = {}
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+
+    async def patch_persistent_volume(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        self.patches.append((name, patch))
+        error = self.errors[name].pop(0) if self.errors.get(name) else None
+        if error is not None and not isinstance(error, TemporaryError):
+            raise error  # a timeout stands for an answer lost: the write happened
+        if self.controller:
+            ref = patch["spec"]["claimRef"]
+            pvc_obj = self.cache.raw("PersistentVolumeClaim", ref["namespace"], ref["name"])
+            assert pvc_obj is not None
+            bound = copy.deepcopy(pvc_obj)
+            bound["spec"]["volumeName"] = name
+            bound["metadata"]["annotations"] = dict(BIND_COMPLETED)
+            asyncio.get_running_loop().call_later(
+                0.05, self.cache.apply, "PersistentVolumeClaim", "MODIFIED", bound
+            )
+        if error is not None:
+            raise error
+        return {}
+
+    def may_write(self) -> bool:
+        return True
+
+    async def get_object(
+        self, kind: ResourceKind, namespace: str | None, name: str
+    ) -> dict[str, Any] | None:
+        if kind.kind == "PersistentVolumeClaim":
+            return self.cache.raw(kind.kind, namespace or "", name)
+        return self.objects.get((kind.kind, name))
+
+    async def bind(
+        self, namespace: str, name: str, uid: str, node: str, grant: Any = None
+    ) -> BindOutcome:
+        self.binds.append((f"{namespace}/{name}", node))
+        return BindOutcome(True)
+
+
+def gang_of(*pods: tuple[str, str]) -> GangOutcome:
+    assignments = tuple(PodAssignment(f"uid-{p}", f"ns/{p}", "ns/g", node) for p, node in pods)
+    return GangOutcome("ns/g", "q", True, assignments)
+
+
+async def commit(
+    cache: Cache, writer: StubWriter, outcome: GangOutcome, **kw: Any
+) -> tuple[GangCommit, dict[str, str]]:
+    pods = {p.key: p for p in cache.snapshot().pods}
+    result = await commit_gang(outcome, pods, cast(Writer, writer), cache, lambda: True, **kw)
+    return result, cache.assumed()
+
+
+def wffc_cluster(*extra: tuple[str, dict[str, Any]]) -> Cache:
+    return cluster(
+        LOCAL,
+        local_pv("pv-1", "n1", rv="31"),
+        local_pv("pv-2", "n2", rv="32"),
+        local_claim("a"),
+        local_claim("b"),
+        ("Pod", pvc_pod("pa", "a", group="g")),
+        ("Pod", pvc_pod("pb", "b", group="g")),
+        ("PodGroup", k8s_podgroup("g", 2)),
+        *extra,
+    )
+
+
+async def test_a_gangs_volumes_are_bound_before_its_pods() -> None:
+    cache = wffc_cluster()
+    writer = StubWriter(cache)
+    result, assumed = await commit(cache, writer, gang_of(("pa", "n1"), ("pb", "n2")))
+    assert result.complete
+    assert [(name, patch["metadata"]["resourceVersion"]) for name, patch in writer.patches] == [
+        ("pv-1", "31"),
+        ("pv-2", "32"),
+    ]
+    assert writer.patches[0][1]["spec"]["claimRef"]["name"] == "a"
+    assert writer.binds == [("ns/pa", "n1"), ("ns/pb", "n2")]
+    assert assumed == {"uid-pa": "n1", "uid-pb": "n2"}
+    # Reserved until the watch shows the volumes' claimRefs.
+    assert cache.volumes.reservations() == {"pv-1": "ns/a", "pv-2": "ns/b"}
+    assert cache.volumes.reserved("uid-pa") == ()
+
+
+async def test_a_volume_taken_meanwhile_leaves_the_whole_gang_unbound() -> None:
+    cache = wffc_cluster()
+    writer = StubWriter(cache)
+    conflict = Conflict("HTTP 409 Conflict: the object has been modified", status=409)
+    writer.errors["pv-1"] = [conflict]
+    taken = pv("pv-1", "n1", storage_class="local", claim="someone-else", rv="40")
+    writer.objects[("PersistentVolume", "pv-1")] = taken
+    cache.pending_changed.clear()
+    result, assumed = await commit(cache, writer, gang_of(("pa", "n1"), ("pb", "n2")))
+    assert not result.bound and result.skipped
+    problem = (
+        "persistentvolume pv-1 was taken by persistentvolumeclaim ns/someone-else before "
+        "persistentvolumeclaim ns/a could get it (HTTP 409 Conflict: the object has been "
+        "modified)"
+    )
+    assert result.failed == [(a, problem) for a in gang_of(("pa", "n1"), ("pb", "n2")).pods]
+    assert writer.binds == []  # all or nothing: pb's volume was bound, pb is not
+    assert assumed == {}
+    assert cache.volumes.reservations() == {}
+    assert cache.pending_changed.is_set()  # placed again by the next cycle
+    # The watch shows pv-1 taken: only pv-2 is left for pa's claim.
+    cache.apply("PersistentVolume", "MODIFIED", taken)
+    assert pod_of(cache, "pa").affinity == (term(req(HOST, "n2")),)
+
+
+async def test_a_conflict_with_our_own_earlier_write_is_a_success() -> None:
+    cache = wffc_cluster()
+    writer = StubWriter(cache)
+    writer.errors["pv-1"] = [TemporaryError("timed out"), Conflict("HTTP 409 Conflict", status=409)]
+    mine = pv("pv-1", "n1", storage_class="local", rv="41")
+    mine["spec"]["claimRef"] = {"namespace": "ns", "name": "a", "uid": "uid-pvc-a"}
+    writer.objects[("PersistentVolume", "pv-1")] = mine
+    result, _ = await commit(cache, writer, gang_of(("pa", "n1"), ("pb", "n2")))
+    assert result.complete
+    assert [name for name, _ in writer.patches] == ["pv-1", "pv-2", "pv-1"]
+
+
+async def test_forbidden_volume_writes_make_such_pods_wait_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(volumebind, "FORBIDDEN_RETRY", 0.05)
+    cache = wffc_cluster(("Pod", k8s_pod("plain", gpus=1)))
+    writer = StubWriter(cache)
+    writer.errors["pv-1"] = [Forbidden("HTTP 403 Forbidden", status=403)]
+    result, assumed = await commit(cache, writer, gang_of(("pa", "n1"), ("pb", "n2")))
+    assert result.failed and not result.bound and assumed == {}
+    assert result.failed[0][1] == (
+        f"persistentvolume pv-1 could not be bound to persistentvolumeclaim ns/a: {FORBIDDEN}"
+    )
+    _, placement, _ = decide(cache)
+    assert placed_pods(placement) == {"ns/plain"}
+    assert placement.outcomes["ns/g"].reason_code == "VolumeNotBound"
+    assert "may not patch persistentvolumes" in placement.outcomes["ns/g"].reason
+    await asyncio.sleep(0.1)  # tried again after FORBIDDEN_RETRY
+    assert placement_of(cache)["ns/pa"] == "n1"
+
+
+async def test_a_binding_the_pv_controller_does_not_complete_times_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(volumebind, "DEFAULT_BIND_TIMEOUT", 0.3)
+    monkeypatch.setattr(volumebind, "READ_BACK", 0.1)  # read back from the API too
+    cache = wffc_cluster()
+    writer = StubWriter(cache, controller=False)
+    result, assumed = await commit(cache, writer, gang_of(("pa", "n1"), ("pb", "n2")))
+    assert result.skipped and not result.bound and writer.binds == [] and assumed == {}
+    assert result.failed[0][1] == (
+        "the PV controller did not complete binding persistentvolumeclaim ns/a to "
+        "persistentvolume pv-1, persistentvolumeclaim ns/b to persistentvolume pv-2 within 0.3s"
+    )
+    # Placed again, with the PV controller working: bound.
+    writer.controller = True
+    result, _ = await commit(cache, writer, gang_of(("pa", "n1"), ("pb", "n2")))
+    assert result.complete
+
+
+def test_when_a_claims_binding_is_complete() -> None:
+    key = "ns/a"
+    assert claim_binding(None, key, "pv-1") == (False, "persistentvolumeclaim ns/a was deleted")
+    assert claim_binding(pvc("a", storage_class="local"), key, "pv-1") == (False, "")
+    assert claim_binding(pvc("a", "pv-1", complete=False), key, "pv-1") == (False, "")
+    assert claim_binding(pvc("a", "pv-1"), key, "pv-1") == (True, "")
+    assert claim_binding(pvc("a", "pv-9"), key, "pv-1") == (
+        False,
+        "persistentvolumeclaim ns/a was bound to persistentvolume pv-9 instead",
+    )
+    assert claim_binding(pvc("a", deleting=True), key, "pv-1") == (
+        False,
+        "persistentvolumeclaim ns/a is being deleted",
+    )
+
+
+async def test_no_volume_left_on_a_node_assumes_nothing_of_the_gang() -> None:
+    cache = wffc_cluster()
+    writer = StubWriter(cache)
+    outcome = gang_of(("pa", "n1"), ("pb", "n1"))
+    result, assumed = await commit(cache, writer, outcome)
+    why = (
+        "no persistentvolume is left for persistentvolumeclaim ns/b (StorageClass local) on node n1"
+    )
+    assert result.skipped and result.failed == [
+        (outcome.pods[0], f"pod ns/pb: {why}"),
+        (outcome.pods[1], why),
+    ]
+    assert writer.patches == [] and writer.binds == [] and assumed == {}
+    assert cache.volumes.reservations() == {}
+    # pb avoids n1 now, and chooses first next time: the gang ends on n1 and n2 whatever the
+    # solver's order.
+    assert placement_of(cache)["ns/pb"] == "n2"
+    for nodes in (("n2", "n2"), ("n1", "n2")):
+        outcome = gang_of(("pa", nodes[0]), ("pb", nodes[1]))
+        result, assumed = await commit(cache, writer, outcome)
+        if result.complete:
+            break
+        assert result.failed[0][1] == (
+            "no persistentvolume is left for persistentvolumeclaim ns/a (StorageClass local) "
+            "on node n2"
+        )
+    assert result.complete and assumed == {"uid-pa": "n1", "uid-pb": "n2"}
+    assert writer.binds == [("ns/pa", "n1"), ("ns/pb", "n2")]
 
 
 def test_snapshot_round_trips_a_blocked_pod() -> None:
