@@ -50,7 +50,7 @@ from scheduler.plugins.fragmentation import scorer_for_snapshot
 from scheduler.plugins.packing import PackingScorer
 from scheduler.solver.cpsat import CpResult
 from scheduler.solver.greedy import GreedyResult, place_gangs
-from scheduler.solver.hybrid import current_classes, improve
+from scheduler.solver.hybrid import admission_key, current_classes, improve
 from scheduler.solver.patterns import ClassInfo
 from scheduler.solver.placement import (
     GangOutcome,
@@ -167,6 +167,8 @@ def _solve(
         state = ClusterState.from_snapshot(snapshot, label_keys=label_keys)
         initial = current_classes(state)
         greedy = run_greedy(state, scorer)
+    if any(p.topology_rules for g in problem.order for p in g.required):
+        greedy = _place_ruled_again(snapshot, problem, state, greedy, cycle)
     build_seconds = time.perf_counter() - started
     lap("greedy")
     candidates: list[tuple[SolveStatus, list[PodAssignment]]] = []
@@ -256,6 +258,60 @@ def _solve(
     return placement
 
 
+def _place_ruled_again(
+    snapshot: Snapshot,
+    problem: Problem,
+    state: ClusterState,
+    greedy: GreedyResult,
+    cycle: int | None,
+) -> GreedyResult:
+    """A second try for the gangs whose placement depends on where pods run, when the first
+    left one of them out: the same gangs, in the same order, placed again on the emptiest
+    nodes first (least allocated, kube-scheduler's default) around the other gangs' places.
+
+    Packing puts the first pod of a group where it leaves the least room; a later pod that
+    must join it (affinity), or stay out of its domain (anti-affinity), or balance it
+    (spread) may then find no node that an emptier choice would have left. The answer kept
+    is the better one by :func:`~.hybrid.admission_key` (priority, fair-share work, all
+    work); ``state`` holds it on return.
+    """
+    ruled = topology_gangs(snapshot, problem, expressed=True)
+    if not any(g.key in ruled and g.key not in greedy.placed for g in problem.order):
+        return greedy
+    order = [g for g in problem.order if g.key in ruled]
+    first = {k: v for k, v in greedy.placed.items() if k in ruled}
+    for pods in reversed(list(first.values())):
+        for a in reversed(pods):
+            state.release(a.pod_uid)
+    book = QueueBook(snapshot.queue_tree, problem.report)
+    gangs = problem.by_key
+    for key in greedy.placed:
+        if key not in ruled and key in gangs:
+            g = gangs[key]
+            book.charge(g.queue, g.ask, preemptible=g.preemptible)
+    second = place_gangs(
+        state, order, PackingScorer("spread", "spread"), book=book, spread_devices=True, cycle=cycle
+    )
+    others = {k for k in greedy.placed if k not in ruled}
+    if admission_key(problem, others | set(second.placed)) > admission_key(
+        problem, set(greedy.placed)
+    ):
+        log.info(
+            "ruled_gangs_placed_again", cycle=cycle, before=len(first), after=len(second.placed)
+        )
+        placed = {k: v for k, v in greedy.placed.items() if k not in ruled}
+        placed.update(second.placed)
+        failed = {k: v for k, v in greedy.failed.items() if k not in ruled}
+        failed.update(second.failed)
+        return GreedyResult(placed, failed)
+    for a in reversed(second.assignments):
+        state.release(a.pod_uid)
+    for pods in first.values():
+        for a in pods:
+            state.apply(a)
+    return greedy
+
+
 def _improve_around(
     snapshot: Snapshot,
     problem: Problem,
@@ -294,14 +350,15 @@ def _improve_around(
     return cp, [*pinned, *found], engine
 
 
-def topology_gangs(snapshot: Snapshot, problem: Problem) -> set[str]:
+def topology_gangs(snapshot: Snapshot, problem: Problem, *, expressed: bool = False) -> set[str]:
     """Keys of the placeable gangs the CP-SAT stage must leave as the greedy placed them.
 
     These are the gangs whose placement depends on where pods run: a pod with pod
     (anti-)affinity or spread rules, or one that such a rule selects (a running pod's
     anti-affinity, a pending pod's rule). Except the gangs the model expresses itself: whose
     only rule keeps their own pods one per node (anti-affinity on the hostname that selects
-    the gang's pods and no other pod, running or pending), and that no other rule selects.
+    the gang's pods and no other pod, running or pending), and that no other rule selects -
+    unless ``expressed``, which keeps them too.
     """
     pending = [(g.key, p) for g in problem.order for p in (*g.required, *g.extras)]
     running = [p for p in snapshot.pods if p.bound and p.active]
@@ -352,7 +409,7 @@ def topology_gangs(snapshot: Snapshot, problem: Problem) -> set[str]:
                     selected_by.setdefault(key, set()).add(owner)
     ruled.update(selected_by)
 
-    def expressed(key: str, pods: Sequence[Pod]) -> bool:
+    def modelled(key: str, pods: Sequence[Pod]) -> bool:
         own_rules_only = all(
             p.preferences is None
             and not p.pod_affinity
@@ -370,7 +427,7 @@ def topology_gangs(snapshot: Snapshot, problem: Problem) -> set[str]:
         )
 
     by_gang = {g.key: (*g.required, *g.extras) for g in problem.order}
-    return {key for key in ruled if not expressed(key, by_gang[key])}
+    return {key for key in ruled if expressed or not modelled(key, by_gang[key])}
 
 
 def _reported_objective(cp: CpResult | None, *, hybrid: bool) -> int:
