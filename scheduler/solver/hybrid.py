@@ -434,10 +434,12 @@ def _place_again(
     batch: list[GangRequest] = []
     # Capacity only shrinks in this pass (kept or placed, gangs only take), so a set of pod
     # shapes that found no room once finds none later either.
-    no_room: set[tuple[ShapeKey, ...]] = set()
+    no_room: set[tuple[int, ...]] = set()
+    interned: dict[ShapeKey, int] = {}
 
-    def signature(g: GangRequest) -> tuple[ShapeKey, ...]:
-        return tuple(sorted((shape_key(p) for p in g.required), key=repr))
+    def signature(g: GangRequest) -> tuple[int, ...]:
+        # Shape keys interned to ints: sorting the keys themselves (by repr) was a hot spot.
+        return tuple(sorted(interned.setdefault(shape_key(p), len(interned)) for p in g.required))
 
     def flush() -> None:
         if not batch:
