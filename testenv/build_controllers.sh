@@ -13,86 +13,30 @@
 # testenv/build.sh calls it (so scripts/setup.sh, and CI, build them too). Versions are pinned
 # in testenv/versions.env (the "# Controllers" section) and by the module files in
 # testenv/gobuild/{volcano,lws}; each controller lands in
-# .cache/testenv-bin/controllers/<name>-<key>/ (key: hash of its pin and its gobuild module) and
-# .cache/testenv-bin/controllers/<name> points at it. With the files there the script only
-# checks and returns at once. Next to each binary it copies, verbatim from the same module
-# version, what the harness (testenv/controllers.py) applies: the CRDs, the upstream RBAC
-# (Volcano's rendered installer/volcano-development.yaml, LWS's Helm chart) and LWS's webhook
-# manifests. The Go module proxy refuses version lists: every module is asked for at an exact
-# version.
+# .cache/testenv-bin/controllers/<name>-<key>/ (key: hash of its pin, its gobuild module and the
+# build scripts, this one and build_common.sh) and .cache/testenv-bin/controllers/<name> points
+# at it. With the files there the script only checks and returns at once. Next to each binary
+# it copies, verbatim from the same module version, what the harness (testenv/controllers.py)
+# applies: the CRDs, the upstream RBAC (Volcano's rendered installer/volcano-development.yaml,
+# LWS's Helm chart) and LWS's webhook manifests. The Go module proxy refuses version lists:
+# every module is asked for at an exact version.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/.." && pwd)"
-gobuild="$here/gobuild"
-# shellcheck source=versions.env
-source "$here/versions.env"
-
-log() { printf '[build-controllers %s] %s\n' "$(date '+%H:%M:%S')" "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
+log_tag=build-controllers
+# shellcheck source=build_common.sh
+source "$here/build_common.sh"
 
 [[ $# -gt 0 ]] || set -- volcano lws kwok-stages
-command -v go >/dev/null 2>&1 || die "the Go toolchain is not on PATH; install Go >= 1.26"
-export GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=mod -buildvcs=false"
+require_go
+use_cache "$root/.cache/testenv-bin/controllers"
 
-cache="$root/.cache/testenv-bin/controllers"
-mkdir -p "$cache"
-tmpdirs=()
-cleanup() { [[ ${#tmpdirs[@]} -eq 0 ]] || rm -rf "${tmpdirs[@]}"; }
-trap cleanup EXIT
-new_staging() { # name -> sets $staging to a fresh folder removed on exit unless moved away
-    staging="$(mktemp -d "$cache/.build-$1.XXXXXX")"
-    tmpdirs+=("$staging")
-}
-
-check_pin() { # module_dir module version
-    local dir="$1" mod="$2" ver="$3"
-    grep -Eq "^[[:space:]]*(require[[:space:]]+)?${mod//./\\.}[[:space:]]+${ver//./\\.}([[:space:]]|$)" "$gobuild/$dir/go.mod" \
-        || die "testenv/gobuild/$dir/go.mod does not require $mod $ver (versions.env); update it with: cd testenv/gobuild/$dir && go get $mod@$ver && go mod tidy"
-}
-
-key_of() { # pin module_dir -> 16 hex chars (this script is part of it: it decides the layout)
-    { printf '%s\n' "$1"; cat "$gobuild/$2/go.mod" "$gobuild/$2/go.sum" "${BASH_SOURCE[0]}"; } \
-        | sha256sum | cut -c1-16
-}
-
-link() { # name key
-    ln -sfn "$1-$2" "$cache/$1.tmp" && mv -T "$cache/$1.tmp" "$cache/$1"
-}
-
-progress() { # count the package lines of `go build -v`; pass anything else (errors) through
-    local n=0 line
-    while IFS= read -r line; do
-        if [[ "$line" =~ ^[A-Za-z0-9._~/+-]+$ ]]; then
-            n=$((n + 1))
-            (( n % 100 )) || log "  ... $n packages compiled (now $line)"
-        else
-            printf '%s\n' "$line" >&2
-        fi
-    done
-    log "  $n packages compiled"
-}
-
-timed_build() { # label module_dir go-build-args...
-    local label="$1" dir="$2"; shift 2
-    local start
-    start=$(date +%s)
-    log "go build $label ... (a cold build takes minutes on 2 cores; a line per 100 packages)"
-    (cd "$gobuild/$dir" && go build -v "$@" 2>&1) | progress \
-        || die "go build $label failed (module testenv/gobuild/$dir); see the compiler output above"
-    log "built $label in $(($(date +%s) - start))s"
+key_of() { # pin module_dir -> 16 hex chars (these scripts are part of it: they decide the layout)
+    cache_key "$1" "$2" "${BASH_SOURCE[0]}" "$here/build_common.sh"
 }
 
 module_dir() { # module_dir module -> its folder in the module cache (downloaded if needed)
     (cd "$gobuild/$1" && go mod download "$2" && go list -m -f '{{.Dir}}' "$2")
-}
-
-finish() { # name key
-    local dest="$cache/$1-$2"
-    chmod -R u+w,go+rX "$staging"  # files copied from the read-only module cache; mktemp's 700
-    rm -rf "$dest" && mv "$staging" "$dest"
-    link "$1" "$2"
-    log "done: .cache/testenv-bin/controllers/$1 -> $1-$2"
 }
 
 build_volcano() {

@@ -15,72 +15,21 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/.." && pwd)"
-gobuild="$here/gobuild"
-# shellcheck source=versions.env
-source "$here/versions.env"
-
-log() { printf '[build-peers %s] %s\n' "$(date '+%H:%M:%S')" "$*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
+log_tag=build-peers
+# shellcheck source=build_common.sh
+source "$here/build_common.sh"
 
 [[ $# -gt 0 ]] || die "usage: $0 kube-scheduler|kai ..."
-command -v go >/dev/null 2>&1 || die "the Go toolchain is not on PATH; install Go >= 1.26"
-export GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=mod -buildvcs=false"
-
-cache="$root/.cache/peer-bin"
-mkdir -p "$cache"
-tmpdirs=()
-cleanup() { [[ ${#tmpdirs[@]} -eq 0 ]] || rm -rf "${tmpdirs[@]}"; }
-trap cleanup EXIT
-new_staging() { # name -> sets $staging to a fresh folder removed on exit unless moved away
-    staging="$(mktemp -d "$cache/.build-$1.XXXXXX")"
-    tmpdirs+=("$staging")
-}
-
-check_pin() { # module_dir module version
-    local dir="$1" mod="$2" ver="$3"
-    grep -Eq "^[[:space:]]*(require[[:space:]]+)?${mod//./\\.}[[:space:]]+${ver//./\\.}([[:space:]]|$)" "$gobuild/$dir/go.mod" \
-        || die "testenv/gobuild/$dir/go.mod does not require $mod $ver (versions.env); update it with: cd testenv/gobuild/$dir && go get $mod@$ver && go mod tidy"
-}
-
-peer_key() { # pin module_dir -> 16 hex chars
-    { printf '%s\n' "$1"; cat "$gobuild/$2/go.mod" "$gobuild/$2/go.sum"; } | sha256sum | cut -c1-16
-}
-
-link_peer() { # peer key
-    ln -sfn "$1-$2" "$cache/$1.tmp" && mv -T "$cache/$1.tmp" "$cache/$1"
-}
-
-progress() { # count the package lines of `go build -v`; pass anything else (errors) through
-    local n=0 line
-    while IFS= read -r line; do
-        if [[ "$line" =~ ^[A-Za-z0-9._~/+-]+$ ]]; then
-            n=$((n + 1))
-            (( n % 100 )) || log "  ... $n packages compiled (now $line)"
-        else
-            printf '%s\n' "$line" >&2
-        fi
-    done
-    log "  $n packages compiled"
-}
-
-timed_build() { # label module_dir go-build-args...
-    local label="$1" dir="$2"; shift 2
-    local start
-    start=$(date +%s)
-    log "go build $label ... (a cold build takes minutes on 2 cores; a line per 100 packages)"
-    (cd "$gobuild/$dir" && go build -v "$@" 2>&1) | progress \
-        || die "go build $label failed (module testenv/gobuild/$dir); see the compiler output above"
-    log "built $label in $(($(date +%s) - start))s"
-}
+require_go
+use_cache "$root/.cache/peer-bin"
 
 build_kube_scheduler() {
     check_pin kubernetes k8s.io/kubernetes "$KUBERNETES_VERSION"
     local key dest
-    key="$(peer_key "KUBERNETES_VERSION=$KUBERNETES_VERSION" kubernetes)"
+    key="$(cache_key "KUBERNETES_VERSION=$KUBERNETES_VERSION" kubernetes)"
     dest="$cache/kube-scheduler-$key"
     if [[ -x "$dest/kube-scheduler" ]]; then
-        link_peer kube-scheduler "$key"
+        link kube-scheduler "$key"
         log "kube-scheduler $KUBERNETES_VERSION present in .cache/peer-bin/kube-scheduler-$key"
         return
     fi
@@ -97,20 +46,17 @@ build_kube_scheduler() {
             -ldflags "-X $vpkg.gitVersion=$KUBERNETES_VERSION -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor -X $vpkg.gitTreeState=clean" \
             -o "$staging/kube-scheduler" k8s.io/kubernetes/cmd/kube-scheduler
     fi
-    chmod go+rx "$staging"  # mktemp made it 700
-    rm -rf "$dest" && mv "$staging" "$dest"
-    link_peer kube-scheduler "$key"
-    log "done: .cache/peer-bin/kube-scheduler -> kube-scheduler-$key"
+    finish kube-scheduler "$key" go+rx  # only the folder: mktemp made it 700
 }
 
 build_kai() {
     local mod=github.com/NVIDIA/KAI-scheduler
     check_pin kai "$mod" "$KAI_VERSION"
     local key dest
-    key="$(peer_key "KAI_VERSION=$KAI_VERSION" kai)"
+    key="$(cache_key "KAI_VERSION=$KAI_VERSION" kai)"
     dest="$cache/kai-$key"
     if [[ -x "$dest/scheduler" && -x "$dest/binder" && -x "$dest/podgrouper" && -d "$dest/crds" ]]; then
-        link_peer kai "$key"
+        link kai "$key"
         log "KAI-Scheduler $KAI_VERSION present in .cache/peer-bin/kai-$key"
         return
     fi
@@ -126,10 +72,7 @@ build_kai() {
     mkdir -p "$staging/crds" "$staging/rbac"
     cp "$src"/deployments/kai-scheduler/crds/*.yaml "$staging/crds/"
     cp "$src"/deployments/kai-scheduler/templates/rbac/{scheduler,binder,podgrouper}.yaml "$staging/rbac/"
-    chmod -R u+w,go+rX "$staging"  # files copied from the read-only module cache; mktemp's 700
-    rm -rf "$dest" && mv "$staging" "$dest"
-    link_peer kai "$key"
-    log "done: .cache/peer-bin/kai -> kai-$key"
+    finish kai "$key"
 }
 
 for peer in "$@"; do

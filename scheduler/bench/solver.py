@@ -39,7 +39,7 @@ from scheduler.cluster.snapshot import Snapshot
 from scheduler.fairness import compute_fair_shares
 from scheduler.solver import Placement, PlacementSettings, solve, validate
 from scheduler.solver.problem import build_problem
-from scheduler.solver.solve import topology_gangs
+from scheduler.solver.ruled_gangs import topology_gangs
 
 __all__ = ["add_parser", "run"]
 

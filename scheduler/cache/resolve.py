@@ -57,7 +57,8 @@ from scheduler.cluster.gang import Gang
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.podspec import BUILD_PRIORITY, GangHints
 from scheduler.cluster.queuespec import SpecError, gang_from_k8s, preemptibility_of
-from scheduler.cluster.volumes import PodClaim, VolumeVerdict, with_volumes
+from scheduler.cluster.volumeobjects import PodClaim
+from scheduler.cluster.volumes import VolumeVerdict, with_volumes
 from scheduler.k8s.resources import POD, PODGROUP, VOLCANO_PODGROUP
 
 __all__ = ["BUILD_PRIORITY", "PodRecord", "Resolution", "Resolver", "resolve"]

@@ -34,14 +34,9 @@ from typing import Any
 
 from scheduler.cache.resolve import PodRecord
 from scheduler.cluster.node import Node
-from scheduler.cluster.volumes import (
-    VolumeBinding,
-    VolumeCatalog,
-    VolumeVerdict,
-    choose_volumes,
-    claim_class,
-    volume_verdict,
-)
+from scheduler.cluster.volumecatalog import VolumeCatalog
+from scheduler.cluster.volumeobjects import VolumeBinding, claim_class
+from scheduler.cluster.volumes import VolumeVerdict, choose_volumes, volume_verdict
 
 __all__ = ["VolumeIndex"]
 

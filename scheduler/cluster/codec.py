@@ -25,7 +25,8 @@ def encode(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        # Fields computed in __post_init__ (init=False) are derived, not data.
+        return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
     if isinstance(value, tuple | list):
         return [encode(v) for v in value]
     if isinstance(value, dict):
@@ -78,7 +79,7 @@ def decode(tp: Any, data: Any) -> Any:
         kwargs = {
             f.name: decode(hints[f.name], data[f.name])
             for f in dataclasses.fields(tp)
-            if f.name in data
+            if f.init and f.name in data
         }
         return tp(**kwargs)
     if tp is float:

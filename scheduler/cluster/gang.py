@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["Gang"]
 
@@ -33,7 +33,9 @@ class Gang:
     #: with a reason naming them; see docs/constraints.md).
     unsupported: tuple[str, ...] = ()
 
-    @property
-    def key(self) -> str:
-        """``namespace/name``, the key pods use in :attr:`Pod.gang`."""
-        return f"{self.namespace}/{self.name}"
+    #: ``namespace/name``, the key pods use in :attr:`Pod.gang` (computed once: every pass
+    #: of a cycle looks gangs up by it).
+    key: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", f"{self.namespace}/{self.name}")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Literal
 
 from scheduler.cluster.resources import GPU, Resources
@@ -11,6 +13,7 @@ __all__ = [
     "GPU_MEMORY_LABEL",
     "GPU_MODEL_LABEL",
     "GpuDevice",
+    "Labelled",
     "Node",
     "Taint",
     "TaintEffect",
@@ -44,8 +47,37 @@ class GpuDevice:
     free_milli: int = GPU_MILLI
 
 
+_NO_LABELS: Mapping[str, str] = MappingProxyType({})
+
+
+class Labelled:
+    """Base of the frozen, slotted :class:`Node` and :class:`~scheduler.cluster.pod.Pod`:
+    :attr:`label_map` of their ``labels``, built on first use (hot loops ask for it object by
+    object, and the cache hands the same objects to every cycle).
+
+    What is derived lives in slots that are not dataclass fields, so equality, hashing,
+    ``repr``, ``dataclasses.replace``, pickling and the JSON codec ignore it (a copy derives
+    it again). It is set through ``object.__setattr__``: the objects are frozen.
+    """
+
+    __slots__ = ("_label_map",)
+    _label_map: Mapping[str, str]
+    labels: tuple[tuple[str, str], ...]
+
+    @property
+    def label_map(self) -> Mapping[str, str]:
+        """Labels as a read-only mapping, shared by every caller."""
+        if not self.labels:
+            return _NO_LABELS
+        labels: Mapping[str, str] | None = getattr(self, "_label_map", None)  # None: unset
+        if labels is None:
+            labels = MappingProxyType(dict(self.labels))
+            object.__setattr__(self, "_label_map", labels)
+        return labels
+
+
 @dataclass(frozen=True, slots=True)
-class Node:
+class Node(Labelled):
     """A node as the scheduler sees it.
 
     ``allocatable`` is what pods may use in total; what is free is derived from the pods bound
@@ -66,11 +98,6 @@ class Node:
     def gpu_count(self) -> int:
         """Number of whole GPU devices the node offers."""
         return self.allocatable[GPU]
-
-    @property
-    def label_map(self) -> dict[str, str]:
-        """Labels as a dict."""
-        return dict(self.labels)
 
     @property
     def gpu_model(self) -> str | None:

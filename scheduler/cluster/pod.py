@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import lru_cache
 
-from scheduler.cluster.node import GPU_MILLI, Node
+from scheduler.cluster.node import GPU_MILLI, Labelled, Node
 from scheduler.cluster.podaffinity import (
     HOSTNAME_LABEL,
     PodAffinityTerm,
@@ -61,8 +62,24 @@ class GpuRequest:
         return self.count * self.milli
 
 
+@lru_cache(maxsize=4096)
+def _node_label_keys(
+    selector: tuple[tuple[str, str], ...], affinity: tuple[NodeSelectorTerm, ...]
+) -> frozenset[str]:
+    """:attr:`Pod.node_label_keys` (the pods of a workload share their rules, and the keys)."""
+    return frozenset([k for k, _ in selector] + [r.key for t in affinity for r in t.requirements])
+
+
+class _PodMemo(Labelled):
+    """Slots for the rest of what :class:`Pod` derives on first use (see :class:`Labelled`)."""
+
+    __slots__ = ("_node_label_keys", "_one_per_node")
+    _node_label_keys: frozenset[str]
+    _one_per_node: bool
+
+
 @dataclass(frozen=True, slots=True)
-class Pod:
+class Pod(_PodMemo):
     """A pod as the scheduler sees it.
 
     ``requests`` are the effective requests Kubernetes would compute (see
@@ -132,9 +149,16 @@ class Pod:
         return f"{self.namespace}/{self.name}"
 
     @property
-    def label_map(self) -> dict[str, str]:
-        """Labels as a dict."""
-        return dict(self.labels)
+    def node_label_keys(self) -> frozenset[str]:
+        """Node label keys that :attr:`node_selector` and the required node affinity
+        (:attr:`affinity`, ``metadata.name`` of ``matchFields`` included) read."""
+        if not (self.node_selector or self.affinity):
+            return frozenset()
+        keys: frozenset[str] | None = getattr(self, "_node_label_keys", None)
+        if keys is None:
+            keys = _node_label_keys(self.node_selector, self.affinity)
+            object.__setattr__(self, "_node_label_keys", keys)
+        return keys
 
     @property
     def own_affinity(self) -> tuple[NodeSelectorTerm, ...]:
@@ -146,11 +170,17 @@ class Pod:
         """True when the pod's own anti-affinity keeps pods like it one per node (a term on
         the hostname label that selects the pod itself): at most one per node, whatever
         else the rules say."""
-        labels = self.label_map
-        return any(
-            t.topology_key == HOSTNAME_LABEL and t.matches(self.namespace, labels)
-            for t in self.pod_anti_affinity
-        )
+        if not self.pod_anti_affinity:
+            return False
+        one: bool | None = getattr(self, "_one_per_node", None)
+        if one is None:
+            labels = self.label_map
+            one = any(
+                t.topology_key == HOSTNAME_LABEL and t.matches(self.namespace, labels)
+                for t in self.pod_anti_affinity
+            )
+            object.__setattr__(self, "_one_per_node", one)
+        return one
 
     @property
     def topology_rules(self) -> bool:

@@ -90,8 +90,9 @@ def pod_queue_usage(pod: Pod) -> dict[str, int]:
     elif pod.gpu is not None:
         gpu = pod.gpu.count * GPU_MILLI  # memory-sized share of unknown node: assume a device
     else:
-        gpu = pod.requests[GPU] * GPU_MILLI
-    return {"gpu": gpu, "cpu": pod.requests[CPU], "memory": pod.requests[MEMORY]}
+        gpu = pod.requests.get(GPU) * GPU_MILLI
+    requests = pod.requests
+    return {"gpu": gpu, "cpu": requests.get(CPU), "memory": requests.get(MEMORY)}
 
 
 @dataclass(frozen=True)

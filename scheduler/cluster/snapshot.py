@@ -94,6 +94,19 @@ class Snapshot:
                 out[p.gang].append(p)
         return dict(out)
 
+    @cached_property
+    def pending_by_gang(self) -> dict[str, tuple[Pod, ...]]:
+        """Each gang's pods still waiting for a node (:attr:`Pod.pending`), oldest first
+        (then by name); gangs with none are absent. Most gangs of a busy cluster are running
+        ones, so the passes over pending work start here rather than at :attr:`gangs`."""
+        out: dict[str, list[Pod]] = {}
+        for p in self.pods:
+            if p.gang and p.pending:
+                out.setdefault(p.gang, []).append(p)
+        return {
+            k: tuple(sorted(v, key=lambda p: (p.creation_time, p.name))) for k, v in out.items()
+        }
+
     def node_states(self) -> dict[str, NodeState]:
         """Per-node usage, computed once per snapshot (a fresh dict each call)."""
         return dict(self._node_states)

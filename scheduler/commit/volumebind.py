@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from scheduler.cluster.volumes import VolumeBinding, VolumeFacts, claim_binding
+from scheduler.cluster.volumeobjects import VolumeBinding, VolumeFacts, claim_binding
 from scheduler.k8s.errors import Conflict, Forbidden, KubeError, TemporaryError
 from scheduler.k8s.resources import PERSISTENT_VOLUME, PERSISTENT_VOLUME_CLAIM
 from scheduler.k8s.writer import Writer

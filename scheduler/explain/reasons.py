@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -51,7 +51,7 @@ from scheduler.explain.topology import REASON_CODES, TopologyExplainer
 from scheduler.fairness.admission import queue_admission_problem
 from scheduler.fairness.findings import queue_problem
 from scheduler.fairness.share import FairShareReport
-from scheduler.fairness.usage import add_usage, gang_need, gang_request, pending_pods, pod_queue
+from scheduler.fairness.usage import gang_need, gang_request, pending_pods, pod_queue
 
 if TYPE_CHECKING:
     # Type only: scheduler.solver imports this package, so a runtime import would be circular.
@@ -105,14 +105,14 @@ class _Explainer:
         self.tree = snapshot.queue_tree
         self.now = now if now is not None else FreeCapacity(snapshot, assignments, freed)
         self._before: FreeCapacity | None = before
-        self.charged: dict[str, dict[str, int]] = defaultdict(dict)
-        self.pinned: dict[str, dict[str, int]] = defaultdict(dict)  # non-preemptible part
+        # Imported here: scheduler.solver imports this package.
+        from scheduler.solver.queues import QueueBook
+
         #: Leaf queue -> pods placed in it this cycle.
         self.placed_in: Counter[str] = Counter()
         by_uid = snapshot.pod_by_uid
-        # The same charges the solver's queue book made when it admitted the pods, summed
-        # per leaf queue first (a charge walks the queue's ancestors).
-        per_leaf: dict[tuple[str, bool], dict[str, int]] = defaultdict(dict)
+        # The same charges the solver's queue book made when it admitted the pods.
+        charges: list[tuple[str, dict[str, int], bool]] = []
         for a in assignments:
             pod = by_uid.get(a.pod_uid)
             if pod is None:
@@ -120,13 +120,11 @@ class _Explainer:
             queue = pod_queue(snapshot, pod)
             self.placed_in[queue] += 1
             gang = snapshot.gang_by_key.get(pod.gang)
-            pinned = gang is not None and not gang.preemptible
-            add_usage(per_leaf[queue, pinned], pod_queue_usage(pod))
-        for (queue, pinned), usage in per_leaf.items():
-            for q in self.tree.ancestors(queue) if queue in self.tree else [queue]:
-                add_usage(self.charged[q], usage)
-                if pinned:
-                    add_usage(self.pinned[q], usage)
+            charges.append((queue, pod_queue_usage(pod), gang is None or gang.preemptible))
+        book = QueueBook(self.tree, report)
+        book.charge_many(charges)
+        self.charged: dict[str, dict[str, int]] = book.charged
+        self.pinned: dict[str, dict[str, int]] = book.pinned  # non-preemptible part
         self._fit_cache: dict[tuple[object, ...], tuple[tuple[str, str] | None, str]] = {}
         #: gang class -> (code, message, names in the message) for the first gang of a class
         self._class_cache: dict[tuple[object, ...], tuple[str, str, list[str]]] = {}

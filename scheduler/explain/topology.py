@@ -14,13 +14,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from scheduler.cluster.node import GPU_MILLI, Node
+from scheduler.cluster.node import GPU_MILLI
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.queue import pod_queue_usage
-from scheduler.cluster.resources import PODS
 from scheduler.cluster.snapshot import Snapshot, bound_usage
 from scheduler.explain.codes import POD_AFFINITY, POD_ANTI_AFFINITY, TOPOLOGY_SPREAD
 from scheduler.framework.filters import FilterInput, first_failure, format_unavailable
@@ -36,6 +34,7 @@ from scheduler.plugins.podtopology import (
 
 if TYPE_CHECKING:
     from scheduler.solver.placement import PodAssignment
+    from scheduler.solver.state import NodeSlot
 
 __all__ = ["REASON_CODES", "TopologyExplainer", "reason_code"]
 
@@ -60,30 +59,20 @@ def reason_code(tally: Mapping[str, int]) -> str | None:
     return REASON_CODES[max(ruled)[1]] if ruled else None
 
 
-@dataclass
-class _View:
-    """A node's free state (a :class:`~scheduler.framework.scoring.NodeView`)."""
-
-    node: Node
-    free: dict[str, int]
-    gpu_free: list[int]
-
-
 class TopologyExplainer:
     """The cluster after a cycle's assignments, per node, for :meth:`problem`."""
 
     def __init__(
         self, snapshot: Snapshot, assignments: Sequence[PodAssignment], freed: Collection[str]
     ) -> None:
+        # Imported here: scheduler.solver imports this module (its greedy pass words
+        # topology refusals with reason_code).
+        from scheduler.solver.state import free_slots
+
         pods = snapshot.pod_by_uid
         usage = bound_usage(snapshot)
-        self.views: dict[str, _View] = {}
-        for n in snapshot.nodes:
-            used = usage.used[n.name]
-            free = {k: v - used.get(k, 0) for k, v in n.allocatable.items()}
-            if PODS in free:
-                free[PODS] -= usage.pod_count.get(n.name, 0)
-            self.views[n.name] = _View(n, free, list(usage.gpu_free[n.name]))
+        #: Each node's free state, as the solver's ClusterState starts from it.
+        self.views: dict[str, NodeSlot] = {s.name: s for s in free_slots(snapshot.nodes, usage)}
         located = [(p, p.node_name or "") for p in usage.bound if p.uid not in freed]
         for uid in freed:
             victim = pods.get(uid)
@@ -107,7 +96,7 @@ class TopologyExplainer:
             if 0 <= i < len(view.gpu_free):
                 view.gpu_free[i] = min(GPU_MILLI, view.gpu_free[i] - step * milli)
 
-    def _devices(self, view: _View, count: int, milli: int) -> tuple[tuple[int, int], ...]:
+    def _devices(self, view: NodeSlot, count: int, milli: int) -> tuple[tuple[int, int], ...]:
         fitting = sorted((f, i) for i, f in enumerate(view.gpu_free) if f >= milli)
         return tuple((i, milli) for _, i in fitting[:count])
 

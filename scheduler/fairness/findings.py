@@ -21,7 +21,7 @@ from scheduler.cluster.unsupported import (
     podgroup_unsupported_message,
     unsupported_message,
 )
-from scheduler.cluster.volumes import VOLUME_NOT_BOUND, VOLUME_NOT_FOUND
+from scheduler.cluster.volumeobjects import VOLUME_NOT_BOUND, VOLUME_NOT_FOUND
 from scheduler.fairness.usage import gang_need
 
 __all__ = [

@@ -66,12 +66,11 @@ def pending_gangs_in_order(snapshot: Snapshot, report: FairShareReport) -> list[
     tree = snapshot.queue_tree
     by_leaf: dict[str, list[Gang]] = {}
     asks: dict[str, dict[str, int]] = {}
+    waiting = snapshot.pending_by_gang
     for gang in snapshot.gangs:
-        if gang.key in report.gang_findings or gang.queue not in tree:
+        if gang.key not in waiting or gang.key in report.gang_findings or gang.queue not in tree:
             continue
         pods = pending_pods(snapshot, gang)
-        if not pods:
-            continue
         need = gang_need(snapshot, gang)
         asks[gang.key] = gang_request(pods[:need] if need > 0 else pods)
         by_leaf.setdefault(gang.queue, []).append(gang)

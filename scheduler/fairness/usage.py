@@ -74,22 +74,20 @@ def queue_usage(snapshot: Snapshot) -> QueueUsage:
             continue
         gang = gangs.get(pod.gang)  # pod_queue, inlined: this loop sees every pod
         queue = gang.queue if gang is not None else pod.queue
-        row = into[queue]
         use = pod_queue_usage(pod)
-        for r, v in use.items():
-            row[r] += v
+        rows = [into[queue]]
         if into is allocated and gang is not None and not gang.preemptible:
-            np_row = non_preemptible[queue]
-            for r, v in use.items():
-                np_row[r] += v
+            rows.append(non_preemptible[queue])
+        for row in rows:
+            row["gpu"] += use["gpu"]
+            row["cpu"] += use["cpu"]
+            row["memory"] += use["memory"]
     return QueueUsage(allocated, pending, non_preemptible)
 
 
 def pending_pods(snapshot: Snapshot, gang: Gang) -> list[Pod]:
     """The gang's pods still waiting for a node, oldest first (then by name)."""
-    pods = [p for p in snapshot.pods_by_gang.get(gang.key, []) if p.pending]
-    pods.sort(key=lambda p: (p.creation_time, p.name))
-    return pods
+    return list(snapshot.pending_by_gang.get(gang.key, ()))
 
 
 def gang_need(snapshot: Snapshot, gang: Gang) -> int:

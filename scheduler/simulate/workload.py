@@ -33,7 +33,7 @@ from scheduler.cluster.podspec import (
     pod_from_k8s,
 )
 from scheduler.cluster.queuespec import SpecError, gang_from_k8s
-from scheduler.cluster.volumes import pod_claims
+from scheduler.cluster.volumeobjects import pod_claims
 from scheduler.simulate.fields import (
     ScenarioError,
     check_known,

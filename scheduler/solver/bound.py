@@ -42,9 +42,9 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import structlog
-from ortools.sat.python import cp_model
 
 from scheduler.cluster.node import GPU_MILLI
 from scheduler.cluster.pod import Pod
@@ -54,6 +54,9 @@ from scheduler.framework.filters import node_rules_allow
 from scheduler.solver.greedy import shape_key
 from scheduler.solver.patterns import ClassInfo, Demand, demand_of
 from scheduler.solver.rows import ModelGang, fair_rooms, queue_rows
+
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
 
 __all__ = ["Relaxation", "admission_bound"]
 
@@ -146,6 +149,10 @@ def admission_bound(
 
     None when CP-SAT found R infeasible or proved nothing in time (then no bound is known).
     """
+    # Deferred: OR-Tools (with pandas) is the largest import of the process; the
+    # scheduler's start and the CLI should not wait for it (see scheduler.runner.warm_up).
+    from ortools.sat.python import cp_model
+
     by_key: dict[object, Pod] = {}
     for g in gangs:
         for pod in g.request.required:

@@ -47,9 +47,9 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import structlog
-from ortools.sat.python import cp_model
 
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.queue import QueueTree
@@ -65,6 +65,9 @@ from scheduler.solver.rows import (
     queue_rows,
     work_units,
 )
+
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
 
 __all__ = ["CpResult", "ModelGang", "ObjectiveWeights", "Scale", "optimize"]
 
@@ -208,6 +211,10 @@ def optimize(
     (from :func:`scheduler.solver.bound.admission_bound`); the reported ``bound`` is
     derived from it (:class:`Scale`), 0 when it is not given (unknown).
     """
+    # Deferred: OR-Tools (with pandas) is the largest import of the process; the
+    # scheduler's start and the CLI should not wait for it (see scheduler.runner.warm_up).
+    from ortools.sat.python import cp_model
+
     charged = charged or {}
     started = time.perf_counter()
     deadline = started + time_limit

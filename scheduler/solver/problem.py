@@ -36,8 +36,9 @@ class Problem:
 def build_problem(snapshot: Snapshot, report: FairShareReport) -> Problem:
     """Collect pending gangs and split their pods into required and extras."""
     problem = Problem(snapshot, report)
+    waiting = snapshot.pending_by_gang
     for gang in snapshot.gangs:
-        if any(p.pending for p in snapshot.pods_by_gang.get(gang.key, [])):
+        if gang.key in waiting:
             problem.pending[gang.key] = gang
     for key in pending_gangs_in_order(snapshot, report):
         found = problem.pending.get(key)

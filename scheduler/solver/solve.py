@@ -6,8 +6,10 @@ equivalence classes) -> greedy in admission order (:mod:`.greedy`) -> relaxation
 relaxation-guided greedy, then CP-SAT on the aggregated model, stage by priority tier
 (:mod:`.hybrid`, :mod:`.bound`, :mod:`.guided`, :mod:`.cpsat`) -> the better answer ->
 :func:`~.validate.validate` (fall back to greedy, then to nothing) ->
-:func:`scheduler.explain.explain_unplaced` for every gang left waiting, fed with the node
-classes the solver already has (no second pass over nodes and pods).
+:func:`scheduler.explain.explain_unplaced` for every gang left waiting (:mod:`.outcomes`), fed
+with the node classes the solver already has (no second pass over nodes and pods). Gangs whose
+placement depends on where pods run keep the greedy's placement, which CP-SAT works around
+(:mod:`.ruled_gangs`); taking back (:mod:`.takeback`) runs on what placement left out.
 
 Objective, in this order (the greedy follows it by construction of its order; CP-SAT by
 integer weights that make each level dominate the next, see :mod:`.cpsat`):
@@ -33,16 +35,12 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 
 import structlog
 
-from scheduler.cluster.pod import Pod
-from scheduler.cluster.podaffinity import HOSTNAME_LABEL, PodAffinityTerm, SpreadConstraint
 from scheduler.cluster.queue import pod_queue_usage
 from scheduler.cluster.snapshot import Snapshot
-from scheduler.explain import explain_unplaced
-from scheduler.explain.capacity import FreeCapacity, NodeGroup
 from scheduler.explain.codes import POD_AFFINITY, POD_ANTI_AFFINITY, TOPOLOGY_SPREAD
 from scheduler.fairness import FairShareReport, compute_fair_shares
 from scheduler.framework.scoring import NodeScorer
@@ -50,10 +48,9 @@ from scheduler.plugins.fragmentation import scorer_for_snapshot
 from scheduler.plugins.packing import PackingScorer
 from scheduler.solver.cpsat import CpResult
 from scheduler.solver.greedy import GreedyResult, place_gangs
-from scheduler.solver.hybrid import admission_key, current_classes, improve
-from scheduler.solver.patterns import ClassInfo
+from scheduler.solver.hybrid import current_classes
+from scheduler.solver.outcomes import capacities, gang_outcomes
 from scheduler.solver.placement import (
-    GangOutcome,
     Placement,
     PlacementSettings,
     PodAssignment,
@@ -61,6 +58,12 @@ from scheduler.solver.placement import (
 )
 from scheduler.solver.problem import Problem, build_problem
 from scheduler.solver.queues import QueueBook
+from scheduler.solver.ruled_gangs import (
+    improve_around,
+    place_ruled_again,
+    topology_gang_sets,
+    topology_gangs,
+)
 from scheduler.solver.state import ClusterState, selected_label_keys
 from scheduler.solver.takeback import TakeBack, take_back
 from scheduler.solver.validate import validate
@@ -167,8 +170,9 @@ def _solve(
         state = ClusterState.from_snapshot(snapshot, label_keys=label_keys)
         initial = current_classes(state)
         greedy = run_greedy(state, scorer)
+    topology = topology_gang_sets(snapshot, problem)
     if any(p.topology_rules for g in problem.order for p in g.required):
-        greedy = _place_ruled_again(snapshot, problem, state, greedy, cycle)
+        greedy = place_ruled_again(snapshot, problem, topology.ruled, state, greedy, cycle)
     build_seconds = time.perf_counter() - started
     lap("greedy")
     candidates: list[tuple[SolveStatus, list[PodAssignment]]] = []
@@ -177,7 +181,7 @@ def _solve(
     optimise_started = time.perf_counter()
     cp: CpResult | None = None
     cp_assignments: list[PodAssignment] | None = None
-    ruled = topology_gangs(snapshot, problem)
+    ruled = topology.left_to_greedy
     free_problem = problem
     if ruled:
         free_problem = Problem(
@@ -185,7 +189,7 @@ def _solve(
         )
     if not settings.greedy_only:
         try:
-            cp, cp_assignments, engine = _improve_around(
+            cp, cp_assignments, engine = improve_around(
                 snapshot, free_problem, ruled, state, initial, greedy, scorer, settings, cycle
             )
         except Exception:  # CP-SAT is an improvement; its failure must not cost the cycle
@@ -221,11 +225,11 @@ def _solve(
     lap("take_back")
     explain_started = time.perf_counter()
     final = [*assignments, *taken.assignments]
-    now, before = _capacities(state, initial) if in_step else (None, None)
+    now, before = capacities(state, initial) if in_step else (None, None)
     # The greedy's filter chain already said which topology rule refused a gang's pod, at
     # the moment it did (the explainer would place the gang's pods again to find out).
     known = {k: v for k, v in greedy.failed.items() if v[0] in TOPOLOGY_CODES}
-    outcomes = _outcomes(problem, final, now, before, freed=_freed(taken), known=known)
+    outcomes = gang_outcomes(problem, final, now, before, freed=taken.freed(), known=known)
     explain_seconds = time.perf_counter() - explain_started
     lap("explain")
     placement = Placement(
@@ -256,186 +260,6 @@ def _solve(
         phases=phases,
     )
     return placement
-
-
-#: At most this many gangs with topology rules get a second placement pass in a cycle.
-RETRY_RULED_GANGS = 256
-
-
-def _place_ruled_again(
-    snapshot: Snapshot,
-    problem: Problem,
-    state: ClusterState,
-    greedy: GreedyResult,
-    cycle: int | None,
-) -> GreedyResult:
-    """A second try for the gangs whose placement depends on where pods run, when the first
-    left one of them out: the same gangs, in the same order, placed again on the emptiest
-    nodes first (least allocated, kube-scheduler's default) around the other gangs' places.
-
-    Packing puts the first pod of a group where it leaves the least room; a later pod that
-    must join it (affinity), or stay out of its domain (anti-affinity), or balance it
-    (spread) may then find no node that an emptier choice would have left. The answer kept
-    is the better one by :func:`~.hybrid.admission_key` (priority, fair-share work, all
-    work); ``state`` holds it on return. Skipped beyond :data:`RETRY_RULED_GANGS` such
-    gangs: the second pass costs as much as their first (0.5 s for 600 gangs on the
-    5,000-node bench, where it never found a better answer).
-    """
-    ruled = topology_gangs(snapshot, problem, expressed=True)
-    if len(ruled) > RETRY_RULED_GANGS or not any(
-        g.key in ruled and g.key not in greedy.placed for g in problem.order
-    ):
-        return greedy
-    order = [g for g in problem.order if g.key in ruled]
-    first = {k: v for k, v in greedy.placed.items() if k in ruled}
-    for pods in reversed(list(first.values())):
-        for a in reversed(pods):
-            state.release(a.pod_uid)
-    book = QueueBook(snapshot.queue_tree, problem.report)
-    gangs = problem.by_key
-    for key in greedy.placed:
-        if key not in ruled and key in gangs:
-            g = gangs[key]
-            book.charge(g.queue, g.ask, preemptible=g.preemptible)
-    second = place_gangs(
-        state, order, PackingScorer("spread", "spread"), book=book, spread_devices=True, cycle=cycle
-    )
-    others = {k for k in greedy.placed if k not in ruled}
-    if admission_key(problem, others | set(second.placed)) > admission_key(
-        problem, set(greedy.placed)
-    ):
-        log.info(
-            "ruled_gangs_placed_again", cycle=cycle, before=len(first), after=len(second.placed)
-        )
-        placed = {k: v for k, v in greedy.placed.items() if k not in ruled}
-        placed.update(second.placed)
-        failed = {k: v for k, v in greedy.failed.items() if k not in ruled}
-        failed.update(second.failed)
-        return GreedyResult(placed, failed)
-    for a in reversed(second.assignments):
-        state.release(a.pod_uid)
-    for pods in first.values():
-        for a in pods:
-            state.apply(a)
-    return greedy
-
-
-def _improve_around(
-    snapshot: Snapshot,
-    problem: Problem,
-    ruled: set[str],
-    state: ClusterState,
-    initial: list[ClassInfo],
-    greedy: GreedyResult,
-    scorer: NodeScorer,
-    settings: PlacementSettings,
-    cycle: int | None,
-) -> tuple[CpResult | None, list[PodAssignment] | None, str]:
-    """:func:`~.hybrid.improve` for the gangs without topology rules, around the greedy's
-    placement of the ``ruled`` ones (kept as placed, first in the returned order).
-
-    The CP-SAT model counts pods per node class and cannot see which pods run in which
-    domain, so gangs whose placement depends on that (:func:`topology_gangs`) keep the
-    greedy's sequential, filter-checked placement; the other gangs match no rule, so moving
-    them cannot break one.
-    """
-    if not ruled:
-        return improve(snapshot, problem, state, initial, greedy, scorer, settings, cycle)
-    pinned = [a for key, pods in greedy.placed.items() if key in ruled for a in pods]
-    rest = GreedyResult(
-        {k: v for k, v in greedy.placed.items() if k not in ruled},
-        {k: v for k, v in greedy.failed.items() if k not in ruled},
-    )
-    movable = rest.assignments
-    for a in reversed(movable):
-        state.release(a.pod_uid)
-    around = current_classes(state)  # free capacity with the ruled gangs placed
-    for a in movable:
-        state.apply(a)
-    cp, found, engine = improve(snapshot, problem, state, around, rest, scorer, settings, cycle)
-    if found is None:
-        return cp, None, engine
-    return cp, [*pinned, *found], engine
-
-
-def topology_gangs(snapshot: Snapshot, problem: Problem, *, expressed: bool = False) -> set[str]:
-    """Keys of the placeable gangs the CP-SAT stage must leave as the greedy placed them.
-
-    These are the gangs whose placement depends on where pods run: a pod with pod
-    (anti-)affinity or spread rules, or one that such a rule selects (a running pod's
-    anti-affinity, a pending pod's rule). Except the gangs the model expresses itself: whose
-    only rule keeps their own pods one per node (anti-affinity on the hostname that selects
-    the gang's pods and no other pod, running or pending), and that no other rule selects -
-    unless ``expressed``, which keeps them too.
-    """
-    pending = [(g.key, p) for g in problem.order for p in (*g.required, *g.extras)]
-    running = [p for p in snapshot.pods if p.bound and p.active]
-    # (owner gang, or "" for a running pod; the rule)
-    rules: list[tuple[str, PodAffinityTerm | tuple[SpreadConstraint, str]]] = []
-    seen: set[object] = set()
-    for key, p in pending:
-        for t in (*p.pod_affinity, *p.pod_anti_affinity):
-            if (key, t) not in seen:
-                seen.add((key, t))
-                rules.append((key, t))
-        for c in p.spread:
-            if (key, c, p.namespace) not in seen:
-                seen.add((key, c, p.namespace))
-                rules.append((key, (c, p.namespace)))
-    for p in running:
-        for t in p.pod_anti_affinity:
-            if ("", t) not in seen:
-                seen.add(("", t))
-                rules.append(("", t))
-    if not rules:
-        return {key for key, p in pending if p.preferences is not None}
-    carrying: dict[tuple[str, str], list[tuple[str, Pod]]] = {}
-    everyone = [*pending, *(("", p) for p in running)]
-    for key, p in everyone:
-        for kv in p.labels:
-            carrying.setdefault(kv, []).append((key, p))
-    # Preferences are chosen by the greedy's filter-aware search too (and need no rule).
-    ruled = {key for key, p in pending if p.topology_rules or p.preferences is not None}
-    # gang -> owners of the rules that select its pods; owner -> gangs ("" running) selected
-    selected_by: dict[str, set[str]] = {}
-    selects: dict[str, set[str]] = {}
-    for owner, rule in rules:
-        selector = rule.selector if isinstance(rule, PodAffinityTerm) else rule[0].selector
-        if selector is None:
-            continue
-        anchor = selector.anchor
-        candidates = everyone if anchor is None else carrying.get(anchor, [])
-        for key, p in candidates:
-            labels = p.label_map
-            if isinstance(rule, PodAffinityTerm):
-                hit = rule.matches(p.namespace, labels)
-            else:
-                hit = p.namespace == rule[1] and rule[0].matches(labels)
-            if hit:
-                selects.setdefault(owner, set()).add(key)
-                if key:
-                    selected_by.setdefault(key, set()).add(owner)
-    ruled.update(selected_by)
-
-    def modelled(key: str, pods: Sequence[Pod]) -> bool:
-        own_rules_only = all(
-            p.preferences is None
-            and not p.pod_affinity
-            and not p.spread
-            and all(
-                t.topology_key == HOSTNAME_LABEL and t.matches(p.namespace, p.label_map)
-                for t in p.pod_anti_affinity
-            )
-            for p in pods
-        )
-        return (
-            own_rules_only
-            and selects.get(key, set()) <= {key}
-            and selected_by.get(key, set()) <= {key}
-        )
-
-    by_gang = {g.key: (*g.required, *g.extras) for g in problem.order}
-    return {key for key in ruled if expressed or not modelled(key, by_gang[key])}
 
 
 def _reported_objective(cp: CpResult | None, *, hybrid: bool) -> int:
@@ -484,17 +308,13 @@ def _take_back(
     book = QueueBook(snapshot.queue_tree, problem.report)
     gangs = snapshot.gang_by_key
     pods = snapshot.pod_by_uid
-    # One charge per gang (charges add up; a charge walks the queue's ancestors).
-    per_gang: dict[str, dict[str, int]] = {}
-    for a in assignments:
-        row = per_gang.setdefault(a.gang, {})
-        for r, v in pod_queue_usage(pods[a.pod_uid]).items():
-            row[r] = row.get(r, 0) + v
-    for key, ask in per_gang.items():
-        gang = gangs.get(key)
-        if gang is not None:
-            book.charge(gang.queue, ask, preemptible=gang.preemptible)
-    admitted = set(per_gang)
+    usage = [(a.gang, pod_queue_usage(pods[a.pod_uid])) for a in assignments]
+    book.charge_many(
+        (gang.queue, ask, gang.preemptible)
+        for key, ask in usage
+        if (gang := gangs.get(key)) is not None
+    )
+    admitted = {a.gang for a in assignments}
     try:
         taken = take_back(
             snapshot,
@@ -514,7 +334,7 @@ def _take_back(
     if not taken.evictions and not taken.waits_for:
         return taken
     # Room the held gangs use: their victims', and that of pods already terminating.
-    evicted = _freed(taken)
+    evicted = taken.freed()
     # ``assignments`` passed the validator already: only their totals are counted again.
     violations = validate(
         snapshot, [*assignments, *taken.assignments], evicted=evicted, checked=len(assignments)
@@ -532,74 +352,6 @@ def _take_back(
         log.error("take_back_invalid", cycle=cycle, violations=violations[:20])
         return None
     return taken
-
-
-def _capacities(
-    state: ClusterState, initial: Sequence[ClassInfo]
-) -> tuple[FreeCapacity | None, FreeCapacity | None]:
-    """Free capacity after this cycle's decisions (``state``) and before the cycle, from the
-    node classes the solver already has, so the explainer recomputes nothing per node."""
-    off: list[NodeGroup] = [
-        (slot.node, slot.free.items(), slot.gpu_free, 1, False)
-        for slot in state.nodes.values()
-        if not slot.placeable
-    ]
-    nodes = state.static_nodes
-    now = FreeCapacity.from_groups(
-        [*((nodes[k[0]], k[1], k[2], len(m), True) for k, m in state.classes.items()), *off],
-        by_name=state.by_name,
-    )
-    before = FreeCapacity.from_groups(
-        [*((nodes[c.key[0]], c.key[1], c.key[2], len(c.members), True) for c in initial), *off],
-        by_name=state.by_name,
-    )
-    return now, before
-
-
-def _freed(taken: TakeBack) -> set[str]:
-    """Uids whose room the take-back's placements use (as :attr:`Placement.freed`)."""
-    out = {e.pod_uid for e in taken.evictions}
-    out.update(uid for uids in taken.waits_for.values() for uid in uids)
-    return out
-
-
-def _outcomes(
-    problem: Problem,
-    assignments: Sequence[PodAssignment],
-    now: FreeCapacity | None = None,
-    before: FreeCapacity | None = None,
-    *,
-    freed: set[str] | None = None,
-    known: Mapping[str, tuple[str, str]] | None = None,
-) -> dict[str, GangOutcome]:
-    by_gang: dict[str, list[PodAssignment]] = {}
-    for a in assignments:
-        by_gang.setdefault(a.gang, []).append(a)
-    unplaced = [k for k in problem.pending if k not in by_gang]
-    reasons: dict[str, tuple[str, str]] = {}
-    if unplaced:
-        try:
-            reasons = explain_unplaced(
-                problem.snapshot,
-                problem.report,
-                assignments,
-                unplaced,
-                now=now,
-                before=before,
-                freed=freed or (),
-                known=known,
-            )
-        except Exception:  # an explanation must never cost the cycle its placement
-            log.exception("explain_failed", gangs=len(unplaced))
-    out: dict[str, GangOutcome] = {}
-    for key, gang in problem.pending.items():
-        pods = by_gang.get(key)
-        if pods:
-            out[key] = GangOutcome(key, gang.queue, True, tuple(pods))
-        else:
-            code, message = reasons.get(key, ("NotPlacedThisCycle", "not placed this cycle"))
-            out[key] = GangOutcome(key, gang.queue, False, (), code, message)
-    return out
 
 
 async def solve_in_thread(

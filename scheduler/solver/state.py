@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from scheduler.cluster.node import GPU_MILLI, GPU_MODEL_LABEL, Node
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.resources import PODS, Resources
-from scheduler.cluster.snapshot import Snapshot, bound_usage
+from scheduler.cluster.snapshot import BoundUsage, Snapshot, bound_usage
 from scheduler.framework.scoring import PodDemand, pod_demand
 from scheduler.plugins.podtopology import PodTopology
 from scheduler.solver.placement import PodAssignment
@@ -28,6 +28,7 @@ __all__ = [
     "ClassKey",
     "ClusterState",
     "NodeSlot",
+    "free_slots",
     "pick_devices",
     "pod_demand",
     "selected_label_keys",
@@ -40,16 +41,15 @@ ClassKey = tuple[int, tuple[tuple[str, int], ...], tuple[int, ...]]
 
 def selected_label_keys(pods: Iterable[Pod]) -> frozenset[str]:
     """Node label keys that the node selectors and required node affinity of ``pods`` read
-    (pods bound now count too: taking back may place them again)."""
+    (pods bound now count too: taking back may place them again).
+
+    Runs every cycle over every pod: each pod's keys are computed once
+    (:attr:`Pod.node_label_keys`), and pods without node selector or affinity are skipped.
+    """
     keys: set[str] = set()
-    seen: set[object] = set()
     for p in pods:
-        sig = (p.node_selector, p.affinity)
-        if sig in seen:
-            continue
-        seen.add(sig)
-        keys.update(k for k, _ in p.node_selector)
-        keys.update(r.key for t in p.affinity for r in t.requirements)
+        if p.node_selector or p.affinity:
+            keys |= p.node_label_keys
     return frozenset(keys)
 
 
@@ -75,8 +75,26 @@ def pick_devices(
     return tuple(sorted(i for _, i in cand[:count]))
 
 
+def free_slots(nodes: Iterable[Node], usage: BoundUsage) -> list[NodeSlot]:
+    """A :class:`NodeSlot` per node with what ``usage`` (:func:`bound_usage`) leaves free:
+    allocatable minus the bound pods' requests (``pods`` minus how many they are), and the
+    free thousandths of each device. The slots take ``usage``'s device rows as they are."""
+    slots = []
+    for n in nodes:
+        used = usage.used[n.name]
+        free = {k: v - used.get(k, 0) for k, v in n.allocatable.items()}
+        if PODS in free:
+            free[PODS] -= usage.pod_count.get(n.name, 0)
+        slots.append(NodeSlot(n, free, usage.gpu_free[n.name], 0))
+    return slots
+
+
 class NodeSlot:
-    """One node's mutable free resources and devices (implements ``NodeView``)."""
+    """One node's mutable free resources and devices (implements ``NodeView``).
+
+    :attr:`key` is set when a :class:`ClusterState` takes the slot (its static traits id is
+    the state's).
+    """
 
     __slots__ = ("free", "gpu_free", "key", "node", "placeable", "static_id")
 
@@ -88,7 +106,7 @@ class NodeSlot:
         self.gpu_free = gpu_free
         self.static_id = static_id
         self.placeable = node.schedulable
-        self.key: ClassKey = self.class_key()
+        self.key: ClassKey
 
     @property
     def name(self) -> str:
@@ -173,20 +191,9 @@ class ClusterState:
         pending pod selects nodes by name. ``label_keys``: see :attr:`label_keys`
         (:func:`selected_label_keys` gives the keys a snapshot's pods select on).
         """
-        nodes = snapshot.nodes
         usage = bound_usage(snapshot)
-        used = usage.used
-        gpu_free = usage.gpu_free
-        for name, count in usage.pod_count.items():
-            if count:
-                used[name][PODS] = used[name].get(PODS, 0) + count
         bound = usage.bound
-        slots = []
-        for n in nodes:
-            row = used[n.name]
-            alloc = n.allocatable
-            free = {k: v - row.get(k, 0) for k, v in alloc.items()}
-            slots.append(NodeSlot(n, free, gpu_free[n.name], 0))
+        slots = free_slots(snapshot.nodes, usage)
         pending = [p for p in snapshot.pods if p.pending]
         if by_name is None:
             by_name = any(uses_node_name(p) for p in pending)

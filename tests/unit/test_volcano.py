@@ -21,7 +21,7 @@ from scheduler.cli import build_parser, settings_from_args
 from scheduler.cluster import GPU, Snapshot
 from scheduler.cluster.queue import UNLIMITED
 from scheduler.cluster.queuespec import SpecError
-from scheduler.commit.volcano import podgroup_statuses
+from scheduler.commit.volcanophase import podgroup_statuses
 from scheduler.config import ConfigError, SchedulerConfig, parse_config
 from scheduler.fairness import compute_fair_shares
 from scheduler.solver.placement import GangOutcome

@@ -18,18 +18,11 @@ import structlog
 
 from scheduler.cache import Cache
 from scheduler.cluster import Snapshot
+from scheduler.cluster.affinityterms import MAX_TERMS, and_terms, or_terms
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.selectors import NodeSelectorRequirement, NodeSelectorTerm
-from scheduler.cluster.volumes import (
-    MAX_TERMS,
-    NO_PROVISIONER,
-    PodClaim,
-    VolumeBinding,
-    and_terms,
-    claim_binding,
-    or_terms,
-    pod_claims,
-)
+from scheduler.cluster.volumeobjects import PodClaim, VolumeBinding, claim_binding, pod_claims
+from scheduler.cluster.volumes import NO_PROVISIONER
 from scheduler.commit import volumebind
 from scheduler.commit.transaction import GangCommit, commit_gang
 from scheduler.commit.volumebind import FORBIDDEN
