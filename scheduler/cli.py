@@ -34,7 +34,7 @@ from scheduler.logs import LOG_FORMATS, LOG_LEVELS, setup_logging
 
 __all__ = ["build_parser", "main", "parse_bool", "settings_from_args"]
 
-_SUBCOMMANDS = ("run", "simulate", "podgrouper")
+_SUBCOMMANDS = ("run", "simulate", "podgrouper", "doctor", "snapshot", "explain")
 
 
 def parse_bool(text: str | bool) -> bool:
@@ -115,11 +115,22 @@ def build_parser(with_simulate: bool = True) -> argparse.ArgumentParser:
         description="Kubernetes scheduler for AI/ML workloads (gangs, queues, GPU packing).",
     )
     parser.add_argument("--version", action="version", version=f"kai-scheduler {__version__}")
-    subs = parser.add_subparsers(dest="command", metavar="{run,simulate,podgrouper}")
+    subs = parser.add_subparsers(
+        dest="command", metavar="{run,simulate,podgrouper,doctor,snapshot,explain}"
+    )
     _add_run_flags(subs.add_parser("run", help="run the scheduler against a cluster (default)"))
     from scheduler.podgrouper import cli as podgrouper_cli
 
     podgrouper_cli.add_parser(subs)
+    from scheduler import capture
+
+    capture.add_parser(subs)
+    from scheduler.doctor import cli as doctor_cli
+
+    doctor_cli.add_parser(subs)
+    from scheduler.inspect import cli as explain_cli
+
+    explain_cli.add_parser(subs)
     module = _simulate_module() if with_simulate else None
     if module is not None:
         module.add_parser(subs)
@@ -189,10 +200,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "simulate-missing":
         print("kai-scheduler: the simulator (scheduler.simulate) is not installed", file=sys.stderr)
         return 2
+    if args.command == "snapshot":
+        from scheduler import capture
+
+        return capture.run(args)
     if args.command == "podgrouper":
         from scheduler.podgrouper import cli as podgrouper_cli
 
         return podgrouper_cli.run(args)
+    if args.command == "doctor":
+        from scheduler.doctor import cli as doctor_cli
+
+        return doctor_cli.run(args)
+    if args.command == "explain":
+        from scheduler.inspect import cli as explain_cli
+
+        return explain_cli.run(args)
     if args.command != "run":
         module = _simulate_module()
         assert module is not None

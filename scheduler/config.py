@@ -99,6 +99,10 @@ class SchedulerConfig:
     pod_grouper: bool = False
     #: Leader election timing.
     leader_election: LeaderElectionSettings = field(default_factory=LeaderElectionSettings)
+    #: Serve ``GET /debug/snapshot`` (the last cycle's snapshot) on the metrics port to callers
+    #: whose bearer token the API server authorises for it (``debugSnapshot``, see
+    #: :mod:`scheduler.debug_snapshot`).
+    debug_snapshot: bool = False
 
     @property
     def scheduler_names_served(self) -> tuple[str, ...]:
@@ -250,6 +254,7 @@ def parse_config(data: Any, base: SchedulerConfig | None = None) -> SchedulerCon
         "eventInterval": ("event_interval", lambda v, k: _duration(v, k, positive=False)),
         "nominationTimeout": ("nomination_timeout", _duration),
         "podGrouper": ("pod_grouper", _bool),
+        "debugSnapshot": ("debug_snapshot", _bool),
     }
     nested = ("placement", "solverTimeLimit", "leaderElection")
     _check_keys(top, {**simple, **dict.fromkeys(nested)}, "")

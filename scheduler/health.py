@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -69,11 +69,14 @@ class HealthServer:
         state: HealthState,
         metrics: SchedulerMetrics,
         extra_ready: Callable[[], tuple[bool, str]] | None = None,
+        routes: Mapping[str, Callable[[web.Request], Awaitable[web.Response]]] | None = None,
     ) -> None:
         self.host, self.port = parse_address(address)
         self.state = state
         self.metrics = metrics
         self._extra_ready = extra_ready
+        #: More GET handlers by path (e.g. ``/debug/snapshot`` when enabled).
+        self._routes = dict(routes or {})
         self._runner: web.AppRunner | None = None
 
     async def _healthz(self, _: web.Request) -> web.Response:
@@ -102,6 +105,8 @@ class HealthServer:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
+        for path, handler in self._routes.items():
+            app.router.add_get(path, handler)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)

@@ -7,14 +7,26 @@ schedulers in one process never collide on the global default registry.
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 
 from scheduler.cluster.node import GPU_MILLI
 from scheduler.cluster.queue import QUEUE_RESOURCES
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.fairness import FairShareReport
+
+if TYPE_CHECKING:
+    from scheduler.cycle import CycleReport
+    from scheduler.solver.placement import GangOutcome
 
 __all__ = ["EVICTION_FAILURE_REASONS", "SchedulerMetrics", "queue_units"]
 
@@ -52,11 +64,32 @@ class SchedulerMetrics:
             registry=r,
         )
         self.cycles = Counter("kai_cycles", "Scheduling cycles run.", registry=r)
+        # A timestamp, not only a counter: `kai-scheduler doctor` reads the age of the last
+        # cycle from one scrape (a counter needs two, spaced by more than a cycle).
+        self.last_cycle = Gauge(
+            "kai_last_cycle_timestamp_seconds",
+            "Unix time at which the last scheduling cycle finished (0 before the first).",
+            registry=r,
+        )
         self.pending_pods = Gauge(
             "kai_pending_pods", "Pods waiting for a node, per queue.", ["queue"], registry=r
         )
         self.pending_gangs = Gauge(
             "kai_pending_gangs", "Gangs waiting to be placed, per queue.", ["queue"], registry=r
+        )
+        self.pending_gangs_by_reason = Gauge(
+            "kai_pending_gangs_by_reason",
+            "Gangs left waiting by the last cycle, per queue and reason code (the reason of "
+            "their PodGroup's Unschedulable condition and Events).",
+            ["queue", "reason"],
+            registry=r,
+        )
+        self.pending_gang_wait = Gauge(
+            "kai_pending_gang_max_wait_seconds",
+            "How long the longest-waiting gang of a queue left waiting by the last cycle has "
+            "waited, since its oldest pending pod was created (0 when none waits).",
+            ["queue"],
+            registry=r,
         )
         self.binds = Counter("kai_binds", "Pods bound to a node.", registry=r)
         self.bind_failures = Counter(
@@ -110,6 +143,15 @@ class SchedulerMetrics:
         self.leader = Gauge(
             "kai_leader", "1 while this replica holds the leader lease.", registry=r
         )
+        # Read from the Lease, so it survives the restarts a flapping leader goes through
+        # (a replica that loses the Lease exits); absent until this replica has read it.
+        self.lease_transitions = Gauge(
+            "kai_leader_lease_transitions",
+            "spec.leaseTransitions of the leader Lease as this replica last saw it (how often "
+            "the leader changed hands).",
+            ["lease"],
+            registry=r,
+        )
         self.binds_in_flight = Gauge(
             "kai_binds_in_flight",
             "Gangs whose binds were started and have not finished (binding streams).",
@@ -131,11 +173,16 @@ class SchedulerMetrics:
             ["kind"],
             registry=r,
         )
+        # process_start_time_seconds etc.: the no-cycle alert waits a minute after a start.
+        ProcessCollector(registry=r)
         self._queues: set[str] = set()
+        self._waiting: set[tuple[str, str]] = set()
+        self._waiting_queues: set[str] = set()
 
     def observe_cycle(self, seconds: float, solve_seconds: float) -> None:
         """Record the durations of one cycle."""
         self.cycles.inc()
+        self.last_cycle.set_to_current_time()
         self.cycle_seconds.observe(seconds)
         self.solve_seconds.observe(solve_seconds)
 
@@ -154,6 +201,43 @@ class SchedulerMetrics:
             self.pending_pods.labels(queue=q).set(pods.get(q, 0))
             self.pending_gangs.labels(queue=q).set(gangs.get(q, 0))
         self._queues = {q for q in queues if pods.get(q) or gangs.get(q)}
+
+    def observe_waiting(self, snapshot: Snapshot, outcomes: Mapping[str, GangOutcome]) -> None:
+        """Set gangs left waiting per queue and reason, and the longest wait per queue.
+
+        A gang's wait starts at the creation of its oldest pending pod (a gang whose pods
+        were evicted and recreated waits anew), or at its own creation when no pod is
+        pending (every pod gated). Series that drop to 0 are exported as 0 once more, then
+        no longer updated (as :meth:`observe_pending` does)."""
+        counts: Tally[tuple[str, str]] = Tally()
+        waits: dict[str, float] = {}
+        for key, outcome in outcomes.items():
+            if outcome.placed:
+                continue
+            gang = snapshot.gang_by_key.get(key)
+            queue = outcome.queue or (gang.queue if gang else "")
+            counts[queue, outcome.reason_code or "Unknown"] += 1
+            pods = snapshot.pending_by_gang.get(key)
+            since = pods[0].creation_time if pods else gang.creation_time if gang else None
+            if since is not None:
+                waits[queue] = max(waits.get(queue, 0.0), snapshot.now - since)
+        for queue, reason in set(counts) | self._waiting:
+            self.pending_gangs_by_reason.labels(queue, reason).set(counts.get((queue, reason), 0))
+        for queue in set(waits) | self._waiting_queues | {q for q, _ in counts}:
+            self.pending_gang_wait.labels(queue).set(max(0.0, waits.get(queue, 0.0)))
+        self._waiting = set(counts)
+        self._waiting_queues = {q for q, _ in counts}
+
+    def observe_lease(self, lease: str, transitions: int) -> None:
+        """Record the Lease's ``spec.leaseTransitions`` (``lease`` is ``namespace/name``)."""
+        self.lease_transitions.labels(lease=lease).set(transitions)
+
+    def observe_report(self, report: CycleReport) -> None:
+        """Everything one finished cycle tells: durations, pending work, fair shares."""
+        self.observe_cycle(report.seconds, report.solve_seconds)
+        self.observe_pending(report.snapshot, report.placement.outcomes)
+        self.observe_waiting(report.snapshot, report.placement.outcomes)
+        self.observe_fair_share(report.fair_share)
 
     def observe_fair_share(self, report: FairShareReport) -> None:
         """Set allocated, requested and fair share of every queue."""

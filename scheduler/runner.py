@@ -13,8 +13,14 @@ code 1 rather than limping on):
   happens in a worker thread inside :func:`scheduler.cycle.run_cycle`, so the event loop
   keeps serving watches, probes and the Lease meanwhile.
 
-SIGTERM/SIGINT set the stop event: the current cycle finishes (bounded), the Lease is released
-so a standby takes over at once, and the process exits 0.
+The connection settings are checked first (the kubeconfig read and validated, the client
+built): a bad ``--kube-config`` exits 2 naming the problem before the probe port is bound and
+before the solver's warm-up starts.
+
+SIGTERM/SIGINT set the stop event (logged with the signal): a cycle in progress finishes
+(bounded), the Lease is released so a standby takes over at once, and the process exits 0.
+Nothing waits for a cycle that has not started, so a replica that never reached the API
+server stops at once, logging why it could not connect.
 
 Losing the Lease after having led ends the process with exit code 1, as kube-scheduler does:
 binds may still be queued or retrying, caches and staleness timers belong to a term that is
@@ -28,6 +34,7 @@ import asyncio
 import contextlib
 import gc
 import signal
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -94,6 +101,15 @@ class Scheduler:
         #: The solver's warm-up (:func:`warm_up`), running in a thread while the watches
         #: list the cluster; the first cycle waits for it.
         self.warming: asyncio.Future[None] | None = None
+        #: The snapshot of the last cycle and its number (``GET /debug/snapshot``).
+        self.last_cycle: tuple[Snapshot, int] | None = None
+        #: The API client, once built (the debug endpoint reviews tokens with it).
+        self.api: Any = None
+        #: True while a cycle runs (shutdown waits for it; for nothing else).
+        self.cycling = False
+        self.watcher: Watcher | None = None
+        #: The API server URL in use (for logs), once a client exists.
+        self.server: str | None = None
 
     def is_leader(self) -> bool:
         """True when this replica may bind (always, without leader election)."""
@@ -107,6 +123,18 @@ class Scheduler:
             self.lost_leadership = True
             self.stop.set()
 
+    def _debug_routes(self) -> dict[str, Any]:
+        """``/debug/snapshot`` when the config enables it (see :mod:`scheduler.debug_snapshot`)."""
+        if not self.config.debug_snapshot:
+            return {}
+        from scheduler.debug_snapshot import PATH, SnapshotEndpoint
+        from scheduler.snapshotfile import config_to_mapping
+
+        endpoint = SnapshotEndpoint(
+            lambda: self.last_cycle, lambda: self.api, config_to_mapping(self.config)
+        )
+        return {PATH: endpoint.handle}
+
     def _grace(self, gang: Gang) -> float:
         """A gang's staleness grace: its PodGroup's own value, else the configured default."""
         raw = self.cache.raw("PodGroup", gang.namespace, gang.name) or {}
@@ -118,9 +146,23 @@ class Scheduler:
         except SpecError:
             return self.config.staleness_grace_period
 
-    async def serve(self) -> int:
-        """Run until :attr:`stop` is set (0) or a task fails (1); 2 for bad connection flags."""
-        health = HealthServer(self.service.metrics_address, self.state, self.metrics)
+    async def serve(self, api: Any = None, *, warm: bool = False) -> int:
+        """Run until :attr:`stop` is set (0) or a task fails (1); 2 for bad connection flags
+        or a probe port that cannot be bound.
+
+        ``api``: a client already built from the settings (:func:`run` builds it first, so
+        bad settings fail before anything starts); else it is built here. ``warm``: start
+        the solver's warm-up once the port is bound and the client exists."""
+        if api is None:
+            try:
+                api = await make_api_client(self.client_settings)
+            except ClientConfigError as e:
+                log.error("client_config_error", error=e.message)
+                return 2
+        self.api = api
+        health = HealthServer(
+            self.service.metrics_address, self.state, self.metrics, routes=self._debug_routes()
+        )
         try:
             await health.start()
         except OSError as e:
@@ -130,30 +172,50 @@ class Scheduler:
                 error=str(e),
                 fix="free the port or pass another --metrics-address",
             )
+            await api.close()
             return 2
         log.info("serving_probes", address=self.service.metrics_address, port=health.port)
-        try:
-            api = await make_api_client(self.client_settings)
-        except ClientConfigError as e:
-            log.error("client_config_error", error=e.message)
-            await health.stop()
-            return 2
+        if warm and self.warming is None:
+            # Warming up imports OR-Tools and solves once (about a second on a busy core);
+            # done in a thread, it overlaps the initial lists, which mostly wait for the API.
+            self.warming = asyncio.ensure_future(asyncio.to_thread(warm_up, self.config.placement))
         try:
             return await self._serve(api)
         finally:
             self.state.stopping = True
             await health.stop()
             await api.close()
-            log.info("stopped")
+            self._log_stopped()
+
+    def _log_stopped(self) -> None:
+        """``stopped``; before the first sync also why: what the API server answered."""
+        watcher = self.watcher
+        if watcher is None or watcher.synced.is_set():
+            log.info("stopped", cycles=self.cycles)
+            return
+        errors = {k: e for k, e in watcher.errors.items() if e is not None}
+        first = next(iter(errors.values()), None)
+        log.warning(
+            "stopped_before_connecting",
+            cycles=self.cycles,
+            server=self.server,
+            listed=sorted(watcher.listed),
+            not_listed=sorted(k.key for k in watcher.kinds if k.key not in watcher.listed),
+            error=first.message if first is not None else "no answer yet",
+            fix="check that the API server in --kube-config / --kube-api-server is reachable "
+            "from here and that its certificate and credentials are accepted",
+        )
 
     async def _serve(self, api: Any) -> int:
         cfg = self.config
+        self.server = getattr(getattr(api, "configuration", None), "host", None)
         watcher = Watcher(
             api,
             self.cache,
             (*WATCHED_KINDS, *VOLCANO_KINDS),
             on_restart=lambda kind: self.metrics.watch_restarts.labels(kind=kind).inc(),
         )
+        self.watcher = watcher
         writer = Writer(
             api,
             component=cfg.scheduler_name,
@@ -164,8 +226,13 @@ class Scheduler:
             may_write=self.is_leader,
         )
         if self.service.leader_elect:
+            lease = f"{cfg.leader_election.lease_namespace}/{cfg.leader_election.lease_name}"
             self.elector = LeaderElector(
-                api, cfg.leader_election, self.service.identity, on_change=self._leadership
+                api,
+                cfg.leader_election,
+                self.service.identity,
+                on_change=self._leadership,
+                on_transitions=lambda n: self.metrics.observe_lease(lease, n),
             )
         else:
             self.metrics.leader.set(1)
@@ -212,7 +279,9 @@ class Scheduler:
         self, tasks: dict[str, asyncio.Task[Any]], stopper: asyncio.Task[Any]
     ) -> None:
         cycle = tasks.get("cycle")
-        if cycle is not None and not cycle.done():
+        if cycle is not None and not cycle.done() and self.cycling:
+            # Only a cycle under way is waited for (its binds are a transaction per gang);
+            # a loop still waiting for the first sync or the next trigger is just cancelled.
             with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(cycle), timeout=_SHUTDOWN_GRACE)
         if self.backend is not None:
@@ -287,6 +356,7 @@ class Scheduler:
                 self.cycles += 1
                 # The backend makes a new status publisher when leadership changes hands.
                 backend.status.volcano = self.volcano
+                self.cycling = True
                 try:
                     report = await run_cycle(backend, self.config.placement, self.cycles)
                 except Exception:
@@ -298,26 +368,32 @@ class Scheduler:
                         raise
                 else:
                     failures = 0
+                    self.last_cycle = (report.snapshot, self.cycles)
                     log.debug(
                         "cycle_timings",
                         cycle=self.cycles,
                         **{k: round(v, 4) for k, v in report.timings.items()},
                     )
-                    self.metrics.observe_cycle(report.seconds, report.solve_seconds)
-                    self.metrics.observe_pending(report.snapshot, report.placement.outcomes)
-                    self.metrics.observe_fair_share(report.fair_share)
+                    self.metrics.observe_report(report)
                     self.metrics.binds_in_flight.set(backend.binds_in_flight)
                     self.metrics.assumed_pods.set(len(self.cache.assumed()))
                     self.metrics.nominated_pods.set(len(self.cache.nominated()))
+                finally:
+                    self.cycling = False
             await self._wait_trigger(self.cache.pending_changed)
 
 
 def _install_signals(stop: asyncio.Event) -> Callable[[], None]:
     loop = asyncio.get_running_loop()
     installed = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        log.info("stop_requested", signal=sig.name)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal, sig)
             installed.append(sig)
 
     def remove() -> None:
@@ -353,8 +429,15 @@ def warm_up(settings: PlacementSettings) -> None:
 
 
 async def run(config: SchedulerConfig, client: ClientSettings, service: ServiceSettings) -> int:
-    """Run a scheduler replica until SIGTERM; the process exit code."""
+    """Run a scheduler replica until SIGTERM; the process exit code (2 at once, before any
+    port is bound or solve started, when the connection settings cannot be used)."""
     started = time.monotonic()
+    try:
+        api = await make_api_client(client)
+    except ClientConfigError as e:
+        log.error("client_config_error", error=e.message)
+        print(f"kai-scheduler: {e.message}", file=sys.stderr)
+        return 2
     scheduler = Scheduler(config, client, service)
     log.info(
         "starting",
@@ -365,12 +448,9 @@ async def run(config: SchedulerConfig, client: ClientSettings, service: ServiceS
         gpu_strategy=config.placement.gpu_strategy,
         cpu_strategy=config.placement.cpu_strategy,
     )
-    # Warming up imports OR-Tools and solves once (about a second on a busy core); done in a
-    # thread, it overlaps the initial lists, which mostly wait for the API server.
-    scheduler.warming = asyncio.ensure_future(asyncio.to_thread(warm_up, config.placement))
     remove = _install_signals(scheduler.stop)
     try:
-        code = await scheduler.serve()
+        code = await scheduler.serve(api, warm=True)
     finally:
         remove()
     log.info("exiting", code=code, seconds=round(time.monotonic() - started, 1))

@@ -61,6 +61,7 @@ if [[ ${#missing[@]} -eq 0 ]]; then
     link_current
     log "all binaries present in .cache/testenv-bin/$key (current); nothing to build"
     "$here/build_controllers.sh"  # Volcano and LWS for the e2e tests; their own cache key
+    "$here/build_tools.sh"  # promtool for the monitoring tests; its own cache key
     exit 0
 fi
 
@@ -128,3 +129,5 @@ log "done: .cache/testenv-bin/current -> $key"
 # Volcano's job controller and the LeaderWorkerSet controller for the e2e tests (their own
 # keys and folders under .cache/testenv-bin/controllers/; see testenv/build_controllers.sh).
 "$here/build_controllers.sh"
+# promtool for the monitoring tests (own key, .cache/testenv-bin/tools/; testenv/build_tools.sh).
+"$here/build_tools.sh"

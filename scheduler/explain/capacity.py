@@ -24,7 +24,7 @@ from scheduler.cluster.selectors import (
     node_selector_matches,
     tolerates,
 )
-from scheduler.cluster.snapshot import Snapshot
+from scheduler.cluster.snapshot import NodeState, Snapshot, bound_usage
 
 if TYPE_CHECKING:
     # Type only: scheduler.solver imports this package, so a runtime import would be circular.
@@ -148,12 +148,17 @@ class FreeCapacity:
         leaving = [by_uid[u] for u in freed if u in by_uid and by_uid[u].node_name in states]
         touched = {a.node for a in assignments if a.node in states}
         touched |= {p.node_name for p in leaving if p.node_name}
-        free: dict[str, dict[str, int]] = {n: dict(states[n].free.items()) for n in touched}
+        # A node's ``pods`` is a capacity like any other: each bound pod takes one slot (the
+        # same accounting as the solver's state, see scheduler.solver.state.free_slots).
+        pod_count = bound_usage(snapshot).pod_count
+        free: dict[str, dict[str, int]] = {n: _free_of(states[n], pod_count) for n in touched}
         devices: dict[str, list[int]] = {n: list(states[n].gpu_free) for n in touched}
         for p in leaving:
             name = p.node_name or ""
             for r, v in p.requests.items():
                 free[name][r] = free[name].get(r, 0) + v
+            if PODS in free[name]:
+                free[name][PODS] += 1
             for i, milli in p.gpu_grant:
                 if 0 <= i < len(devices[name]):
                     devices[name][i] = min(GPU_MILLI, devices[name][i] + milli)
@@ -163,6 +168,8 @@ class FreeCapacity:
                 continue
             for r, v in pod.requests.items():
                 free[a.node][r] = free[a.node].get(r, 0) - v
+            if PODS in free[a.node]:
+                free[a.node][PODS] -= 1
             node = snapshot.node_by_name[a.node]
             count = pod.gpu.count if pod.gpu else pod.requests[GPU]
             milli = (pod.gpu.milli_on(node) if pod.gpu else None) or GPU_MILLI
@@ -173,7 +180,14 @@ class FreeCapacity:
                     st.node, free[name].items(), devices[name], 1, st.node.schedulable, by_name
                 )
             else:
-                self.add(st.node, st.free.items(), st.gpu_free, 1, st.node.schedulable, by_name)
+                self.add(
+                    st.node,
+                    _free_of(st, pod_count).items(),
+                    st.gpu_free,
+                    1,
+                    st.node.schedulable,
+                    by_name,
+                )
 
     @classmethod
     def from_groups(cls, groups: Iterable[NodeGroup], *, by_name: bool = False) -> FreeCapacity:
@@ -206,10 +220,10 @@ class FreeCapacity:
             return
         alloc = self._alloc.get(node.allocatable)
         if alloc is None:
-            alloc = tuple(sorted((r, v) for r, v in node.allocatable.items() if r != PODS))
+            alloc = tuple(sorted(node.allocatable.items()))
             self._alloc[node.allocatable] = alloc
         shape = Shape(
-            free=tuple(sorted((r, v) for r, v in free if r != PODS)),
+            free=tuple(sorted(free)),
             gpu_free=tuple(sorted(gpu_free, reverse=True)),
             gpu_memory_mib=node.gpu_memory_mib,
             allocatable=alloc,
@@ -249,10 +263,29 @@ class FreeCapacity:
         return out
 
 
+def _free_of(state: NodeState, pod_count: Mapping[str, int]) -> dict[str, int]:
+    """A node's free resources, ``pods`` less one slot per bound pod (when it has a
+    ``pods`` capacity: a node without one takes any number, as in the solver)."""
+    free = dict(state.free.items())
+    if PODS in free:
+        free[PODS] -= pod_count.get(state.node.name, 0)
+    return free
+
+
+def pod_slots(shape: Shape, *, empty: bool = False) -> int | None:
+    """Pods ``shape`` can still take (all it could take if ``empty``); None: no limit."""
+    if shape.allocatable_of(PODS) <= 0:
+        return None
+    return shape.allocatable_of(PODS) if empty else shape.free_of(PODS)
+
+
 def pod_fits(pod: Pod, shape: Shape, *, empty: bool = False) -> bool:
     """True when ``pod`` fits the free part of ``shape`` (or the whole node if ``empty``)."""
     resources: Mapping[str, int] = dict(shape.allocatable if empty else shape.free)
     if not Resources(pod.requests).fits_in(resources):
+        return False
+    slots = pod_slots(shape, empty=empty)
+    if slots is not None and slots < 1:
         return False
     if pod.gpu is None:
         return True
@@ -275,4 +308,4 @@ def share_milli(gpu: GpuRequest, gpu_memory_mib: int | None) -> int | None:
     return milli if milli <= GPU_MILLI else None
 
 
-__all__ += ["pod_fits", "share_milli"]
+__all__ += ["pod_fits", "pod_slots", "share_milli"]

@@ -1,5 +1,9 @@
 """Reason codes of an unplaced gang (the ``reason_code`` of a GangOutcome).
 
+``ExceedsQueueLimit``, ``ExceedsQueueQuota``, ``NodeTooSmall`` and ``ExceedsCluster`` mean the
+gang can *never* be placed as the cluster and queues stand (:data:`NEVER_CODES`): something
+must change (nodes, queue settings, the gang). Every other code may clear up by itself.
+
 The queue codes and the pod codes found before solving (``UnsupportedField``,
 ``VolumeNotFound``, ``VolumeNotBound``, ``SchedulingGated``) come from
 :mod:`scheduler.fairness`; they are repeated here so one import gives the whole list.
@@ -21,9 +25,13 @@ from scheduler.fairness.findings import (
 __all__ = [
     "ALL_CODES",
     "CAPACITY_TAKEN",
+    "EXCEEDS_CLUSTER",
+    "EXCEEDS_QUEUE_LIMIT",
+    "EXCEEDS_QUEUE_QUOTA",
     "GANG_DOES_NOT_FIT",
     "GANG_INCOMPLETE",
     "INSUFFICIENT_ON_ONE_NODE",
+    "NEVER_CODES",
     "NODE_TOO_SMALL",
     "NON_LEAF_QUEUE",
     "NOT_PLACED_THIS_CYCLE",
@@ -43,6 +51,13 @@ __all__ = [
 
 #: Fewer pods exist than the gang must place together.
 GANG_INCOMPLETE = "GangIncomplete"
+#: The gang alone asks more than its queue's (or an ancestor's) limit: it can never be admitted.
+EXCEEDS_QUEUE_LIMIT = "ExceedsQueueLimit"
+#: Non-preemptible, the gang alone asks more than a quota on its queue's path: never admitted.
+EXCEEDS_QUEUE_QUOTA = "ExceedsQueueQuota"
+#: Even with nothing else running, the nodes its pods may use cannot hold the gang (pod slots,
+#: GPUs, cpu, memory in total, or node by node).
+EXCEEDS_CLUSTER = "ExceedsCluster"
 #: No node accepts a pod (nodeSelector, affinity, taints, cordoned / NotReady).
 NO_MATCHING_NODE = "NoMatchingNode"
 #: No matching node could hold a pod even if it were empty.
@@ -71,10 +86,13 @@ ALL_CODES: tuple[str, ...] = (
     VOLUME_NOT_BOUND,
     SCHEDULING_GATED,
     GANG_INCOMPLETE,
+    EXCEEDS_QUEUE_LIMIT,
+    EXCEEDS_QUEUE_QUOTA,
+    NODE_TOO_SMALL,
+    EXCEEDS_CLUSTER,
     QUEUE_LIMIT,
     OVER_QUOTA,
     NO_MATCHING_NODE,
-    NODE_TOO_SMALL,
     INSUFFICIENT_ON_ONE_NODE,
     GANG_DOES_NOT_FIT,
     POD_AFFINITY,
@@ -82,4 +100,9 @@ ALL_CODES: tuple[str, ...] = (
     TOPOLOGY_SPREAD,
     CAPACITY_TAKEN,
     NOT_PLACED_THIS_CYCLE,
+)
+
+#: Codes that mean "can never be placed until nodes, queue settings or the gang change".
+NEVER_CODES: frozenset[str] = frozenset(
+    {EXCEEDS_QUEUE_LIMIT, EXCEEDS_QUEUE_QUOTA, NODE_TOO_SMALL, EXCEEDS_CLUSTER}
 )

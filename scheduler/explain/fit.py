@@ -9,12 +9,20 @@ from collections.abc import Mapping, Sequence
 from scheduler.cluster.node import GPU_MILLI
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.quantity import format_milli
-from scheduler.cluster.resources import CPU, EPHEMERAL_STORAGE, GPU, MEMORY
-from scheduler.explain.capacity import FreeCapacity, Matching, Rules, Shape, pod_fits, share_milli
+from scheduler.cluster.resources import CPU, EPHEMERAL_STORAGE, GPU, MEMORY, PODS
+from scheduler.explain.capacity import (
+    FreeCapacity,
+    Matching,
+    Rules,
+    Shape,
+    pod_fits,
+    pod_slots,
+    share_milli,
+)
 from scheduler.explain.codes import INSUFFICIENT_ON_ONE_NODE, NODE_TOO_SMALL
 from scheduler.explain.format import format_amount, format_bytes, format_gpus
 
-__all__ = ["gang_shortfall", "pack", "pod_misfit"]
+__all__ = ["emptied", "free_pod_slots", "gang_shortfall", "pack", "pack_group", "pod_misfit"]
 
 
 def _value(resource: str, value: int) -> str:
@@ -101,9 +109,18 @@ def pod_misfit(pod: Pod, m: Matching) -> tuple[str, str] | None:
                 else f"at most {_value(r, max(best, 0))} free"
             )
             return (code, f"pod {pod.key} needs {format_amount(r, need)} on one node; {tail}")
+    slots = [pod_slots(s, empty=empty) for s in shapes]
+    if all(n is not None and n < 1 for n in slots):
+        return (
+            code,
+            f"pod {pod.key} needs a free pod slot; every matching node is at its pods "
+            "capacity (allocatable pods)",
+        )
     asks = [format_amount(r, v) for r, v in sorted(pod.requests.items())]
     if pod.gpu is not None and not pod.gpu.whole:
         asks.append("a GPU share")
+    if any(n is not None for n in slots):
+        asks.append("a pod slot")
     return (
         code,
         f"pod {pod.key}: no matching node has {', '.join(asks)} free at the same time",
@@ -145,14 +162,34 @@ def gang_shortfall(group: Sequence[Pod], m: Matching, *, total_pods: int) -> str
                 f"gang needs {format_amount(r, need)} across {count} pods together; only "
                 f"{_value(r, free)} free on matching nodes"
             )
+    slots = free_pod_slots(m)
+    if slots is not None and count > slots:
+        return (
+            f"gang needs {count} pod slots across {count} pods together; only {slots} free "
+            "on matching nodes (allocatable pods)"
+        )
     del total_pods  # the same message serves gangs whose pods have different rules
     return None
+
+
+def free_pod_slots(m: Matching, *, empty: bool = False) -> int | None:
+    """Pods the matching nodes can still take in total (all they could take if ``empty``);
+    None when some matching node has no ``pods`` capacity (no limit)."""
+    total = 0
+    for shape, n in m.shapes.items():
+        slots = pod_slots(shape, empty=empty)
+        if slots is None:
+            return None
+        total += n * max(slots, 0)
+    return total
 
 
 def _take(shape: Shape, pod: Pod) -> Shape:
     free = dict(shape.free)
     for r, v in pod.requests.items():
         free[r] = free.get(r, 0) - v
+    if shape.allocatable_of(PODS) > 0:
+        free[PODS] = free.get(PODS, 0) - 1
     devices = list(shape.gpu_free)
     if pod.gpu is not None:
         milli = share_milli(pod.gpu, shape.gpu_memory_mib) or GPU_MILLI
@@ -180,19 +217,38 @@ def _room(shape: Shape) -> tuple[int, int, int]:
     return (sum(max(f, 0) for f in shape.gpu_free), shape.free_of(CPU), shape.free_of(MEMORY))
 
 
+def emptied(shapes: Mapping[Shape, int]) -> Counter[Shape]:
+    """The same nodes with nothing running on them: free = allocatable, every device free."""
+    out: Counter[Shape] = Counter()
+    for shape, n in shapes.items():
+        empty = Shape(
+            free=shape.allocatable,
+            gpu_free=(GPU_MILLI,) * len(shape.gpu_free),
+            gpu_memory_mib=shape.gpu_memory_mib,
+            allocatable=shape.allocatable,
+        )
+        out[empty] += n
+    return out
+
+
+def pack_group(group: Sequence[Pod], shapes: Mapping[Shape, int]) -> bool:
+    """True when first-fit decreasing (onto the fullest node that fits) places every pod of
+    ``group`` on nodes of ``shapes`` (shape -> how many nodes)."""
+    work = Counter(shapes)
+    for pod in sorted(group, key=_size, reverse=True):
+        fitting = [s for s, n in work.items() if n > 0 and pod_fits(pod, s)]
+        if not fitting:
+            return False
+        best = min(fitting, key=_room)
+        work[best] -= 1
+        work[_take(best, pod)] += 1
+    return True
+
+
 def pack(groups: Mapping[Rules, Sequence[Pod]], free: FreeCapacity) -> bool:
-    """True when first-fit decreasing (onto the fullest node that fits) places every pod.
+    """True when :func:`pack_group` places every group on its matching nodes.
 
     Pods with different rules are packed per group, each on the full free capacity: an
     optimistic shortcut, so a failure here is certain while a success is only likely.
     """
-    for rules, group in groups.items():
-        work = Counter(free.matching(rules).shapes)
-        for pod in sorted(group, key=_size, reverse=True):
-            fitting = [s for s, n in work.items() if n > 0 and pod_fits(pod, s)]
-            if not fitting:
-                return False
-            best = min(fitting, key=_room)
-            work[best] -= 1
-            work[_take(best, pod)] += 1
-    return True
+    return all(pack_group(group, free.matching(rules).shapes) for rules, group in groups.items())

@@ -1,7 +1,9 @@
 """Why a pending gang was not placed, in words a user can act on.
 
 The state looked at is the one *after* the cycle's assignments (they consume node capacity and
-queue usage). For each gang the first rule that applies wins:
+queue usage). A node's ``pods`` capacity counts like any other resource (one slot a pod).
+For each gang the first rule that applies wins, the *never* reasons (nothing that frees up
+helps) before those that clear up by themselves:
 
 ====================== ===============================================================
 QueueMissing/Invalid,  the gang's queue cannot take jobs (see scheduler.fairness.findings)
@@ -9,11 +11,15 @@ NonLeafQueue
 UnsupportedField       a pod uses a placement rule not supported yet (the field is named)
 SchedulingGated        too few of the gang's pods are free of scheduling gates
 GangIncomplete         fewer pods exist than the gang needs placed together
+ExceedsQueueLimit,     *never*: the gang alone asks more than a limit (or, non-preemptible,
+ExceedsQueueQuota      a quota) of its queue or an ancestor (:mod:`.never`)
+NodeTooSmall           *never*: no matching node could hold a pod even when empty
+ExceedsCluster         *never*: the matching nodes, empty, cannot hold the gang (pod slots,
+                       GPUs, cpu, memory in total, or node by node)
 QueueLimit             the gang's queue or an ancestor would pass its limit
 OverQuota              non-preemptible work may only use its queue's quota
 NoMatchingNode         no node accepts a pod on static grounds (selector, affinity, taints,
                        cordoned / NotReady)
-NodeTooSmall           no matching node could hold a pod even when empty
 InsufficientOnOneNode  no matching node has enough free for a pod right now
 GangDoesNotFit         the gang's pods do not fit the free capacity together
 PodAffinity,           pod (anti-)affinity or spread rules refuse every node with room
@@ -47,6 +53,7 @@ from scheduler.explain.codes import (
 )
 from scheduler.explain.fit import gang_shortfall, pack, pod_misfit
 from scheduler.explain.format import format_selector, format_taint, format_terms
+from scheduler.explain.never import ClusterLimits, queue_never_problem
 from scheduler.explain.topology import REASON_CODES, TopologyExplainer
 from scheduler.fairness.admission import queue_admission_problem
 from scheduler.fairness.findings import queue_problem
@@ -105,6 +112,7 @@ class _Explainer:
         self.tree = snapshot.queue_tree
         self.now = now if now is not None else FreeCapacity(snapshot, assignments, freed)
         self._before: FreeCapacity | None = before
+        self.limits = ClusterLimits(self.now)
         # Imported here: scheduler.solver imports this package.
         from scheduler.solver.queues import QueueBook
 
@@ -217,20 +225,29 @@ class _Explainer:
         return (code, message)
 
     def _explain_class(self, key: str, gang: Gang, to_place: list[Pod]) -> tuple[str, str]:
+        ask = gang_request(to_place)
+        never = queue_never_problem(
+            self.tree, self.report, key, gang.queue, ask, preemptible=gang.preemptible
+        )
+        if never is not None:
+            return never
+        groups: dict[Rules, list[Pod]] = {}
+        for p in to_place:
+            groups.setdefault(pod_rules(p), []).append(p)
+        never = self.limits.problem(key, groups)
+        if never is not None:
+            return never
         problem = queue_admission_problem(
             self.tree,
             self.report,
             gang.queue,
-            gang_request(to_place),
+            ask,
             preemptible=gang.preemptible,
             charged=self.charged,
             charged_pinned=self.pinned,
         )
         if problem is not None:
             return problem
-        groups: dict[Rules, list[Pod]] = {}
-        for p in to_place:
-            groups.setdefault(pod_rules(p), []).append(p)
         for rules, group in groups.items():
             m = self.now.matching(rules)
             if not m.shapes:

@@ -20,10 +20,12 @@ from typing import Any
 
 import aiohttp
 import structlog
+import yaml
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import ConfigException, load_incluster_config, load_kube_config
 
 from scheduler.k8s.errors import ClientConfigError, KubeError, error_for_status, translate
+from scheduler.k8s.kubeconfig import check_kubeconfig
 
 __all__ = [
     "JSON_CONTENT",
@@ -63,10 +65,15 @@ def _in_cluster_available() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
 
 
-async def _load_kubeconfig(path: str, cfg: Configuration) -> None:
+async def _load_kubeconfig(
+    path: str, cfg: Configuration, *, flag: str | None = None, server_given: bool = False
+) -> None:
+    # Our own check first: the loader's errors for a broken file are tracebacks and
+    # "'NoneType' object does not support item assignment".
+    check_kubeconfig(path, flag=flag, server_given=server_given)
     try:
         await load_kube_config(config_file=path, client_configuration=cfg, persist_config=False)
-    except (ConfigException, OSError, ValueError, KeyError, TypeError) as e:
+    except (ConfigException, OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as e:
         raise ClientConfigError(
             f"--kube-config={path}: cannot use this kubeconfig ({e}); "
             "point --kube-config at a valid kubeconfig or leave it out to use the "
@@ -94,8 +101,9 @@ async def make_api_client(settings: ClientSettings) -> ApiClient:
     Raises :class:`ClientConfigError` saying which flag to fix.
     """
     cfg = Configuration()
+    server_given = bool(settings.api_server)
     if settings.kube_config and os.path.isfile(settings.kube_config):
-        await _load_kubeconfig(settings.kube_config, cfg)
+        await _load_kubeconfig(settings.kube_config, cfg, server_given=server_given)
         source = settings.kube_config
     elif settings.kube_config and _in_cluster_available():
         log.warning(
@@ -114,7 +122,7 @@ async def make_api_client(settings: ClientSettings) -> ApiClient:
         source = "in-cluster"
     else:
         path = os.environ["KUBECONFIG"].split(os.pathsep)[0]
-        await _load_kubeconfig(path, cfg)
+        await _load_kubeconfig(path, cfg, flag=f"$KUBECONFIG ({path})", server_given=server_given)
         source = path
     if settings.api_server:
         server = settings.api_server.rstrip("/")

@@ -47,12 +47,16 @@ class LeaderElector:
         identity: str,
         *,
         on_change: Callable[[bool], None] | None = None,
+        on_transitions: Callable[[int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
         self.settings = settings
         self.identity = identity
         self._on_change = on_change
+        #: Called with ``spec.leaseTransitions`` whenever the Lease is read or written
+        #: (the scheduler's metric for leader flapping).
+        self._on_transitions = on_transitions
         self._clock = clock
         self._leading = False
         self._valid_until = 0.0
@@ -114,8 +118,10 @@ class LeaderElector:
                 )
             except Conflict:
                 return False  # someone else created it first
+            self._saw({"leaseTransitions": 0})  # what _spec(None) wrote
             return self._won(started)
         spec = (lease or {}).get("spec") or {}
+        self._saw(spec)
         meta = (lease or {}).get("metadata") or {}
         holder = spec.get("holderIdentity") or ""
         record = (holder, str(spec.get("renewTime") or ""), str(meta.get("resourceVersion") or ""))
@@ -131,6 +137,7 @@ class LeaderElector:
             result = await request_json(self.api, "PUT", self.path, body=updated)
         except Conflict:
             return False  # the Lease changed under us: re-read next round
+        self._saw(updated["spec"])
         rmeta = (result or {}).get("metadata") or {}
         self._observed = (
             self.identity,
@@ -139,6 +146,10 @@ class LeaderElector:
         )
         self._observed_at = started
         return self._won(started)
+
+    def _saw(self, spec: dict[str, Any]) -> None:
+        if self._on_transitions is not None:
+            self._on_transitions(int(spec.get("leaseTransitions") or 0))
 
     def _won(self, started: float) -> bool:
         self._valid_until = started + self.settings.renew_deadline

@@ -3,6 +3,7 @@
 Two modes share one subcommand::
 
     kai-scheduler simulate SCENARIO.yaml [--json] [--out DIR]
+    kai-scheduler simulate MANIFESTS.yaml... --nodes NODES.yaml   # what users kubectl apply
     kai-scheduler simulate --trace openb --nodes NODES.csv --pods PODS.csv [trace flags]
 
 The trace mode belongs to :mod:`scheduler.simulate.replay`; this module only hands over to it.
@@ -56,16 +57,46 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "scenario", nargs="?", metavar="SCENARIO.yaml", help="scenario file to simulate"
     )
     parser.add_argument(
+        "more",
+        nargs="*",
+        metavar="MANIFESTS.yaml",
+        help="more files: Kubernetes manifests (Queue, PodGroup, Pod, Job, Deployment, "
+        "LeaderWorkerSet, ...) simulated as they are; see examples/simulate/README.md",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="print a machine-readable JSON summary instead"
     )
     parser.add_argument(
         "--out", metavar="DIR", default=None, help="write PNG plots of the run into DIR"
     )
     parser.add_argument("--no-progress", action="store_true", help="never show the progress bar")
+    parser.add_argument(
+        "--summary",
+        action="store_true",
+        help="print only the totals per queue and per outcome (no row per gang or eviction; "
+        "with --json: no gangs, evictions, timeline lists)",
+    )
     add_trace_arguments = _replay_entry("add_trace_arguments")
     if add_trace_arguments is not None:
         add_trace_arguments(parser)
+    from scheduler.simulate.whatif import add_whatif_arguments
+
+    add_whatif_arguments(parser)
+    _nodes_flag(parser)
     parser.set_defaults(command="simulate")
+
+
+def _nodes_flag(parser: argparse.ArgumentParser) -> None:
+    """``--nodes`` is shared: openb CSV with --trace, a YAML file of nodes for manifests."""
+    help_text = (
+        "with --trace: the openb node CSV; with manifests: a YAML file of nodes "
+        "(kind: SimulatedNodes, or Node objects)"
+    )
+    for action in parser._actions:
+        if "--nodes" in action.option_strings:
+            action.help = help_text
+            return
+    parser.add_argument("--nodes", metavar="NODES", default=None, help=help_text)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -187,6 +218,17 @@ class _Progress:
             self.close()
 
 
+def _lines(
+    err: Console, args: argparse.Namespace, describe: Callable[[float, float], str] = _simulated
+) -> Callable[[float, float], None] | None:
+    """Plain progress lines on stderr when it is not a terminal (the bar needs one)."""
+    if err.is_terminal or args.no_progress:
+        return None
+    from scheduler.simulate.progresslines import LineProgress
+
+    return LineProgress(sys.stderr, describe).update
+
+
 def _error(message: str) -> int:
     print(f"kai-scheduler simulate: {message}", file=sys.stderr)
     return 2
@@ -194,6 +236,10 @@ def _error(message: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run the simulate subcommand; returns the process exit code."""
+    if getattr(args, "snapshot", None):
+        from scheduler.simulate.whatif import run_whatif
+
+        return run_whatif(args)
     trace = getattr(args, "trace", None)
     if trace:
         if args.scenario:
@@ -203,30 +249,48 @@ def run(args: argparse.Namespace) -> int:
             return _error("trace replay (scheduler.simulate.replay) is not available")
         from rich.console import Console
 
+        from scheduler.simulate.fields import ScenarioError
+        from scheduler.simulate.loader import check_text_file
+        from scheduler.simulate.progresslines import fan_out
+
+        try:
+            for flag in ("nodes", "pods"):
+                # A missing file is the trace loader's to report (with its own hint).
+                if getattr(args, flag, None) and os.path.isfile(getattr(args, flag)):
+                    check_text_file(getattr(args, flag), f"--{flag}")
+        except ScenarioError as e:
+            return _error(str(e))
         err = Console(stderr=True)
         show = err.is_terminal and not args.no_progress and not args.json
+        lines = _lines(err, args, _pods)
         with _Progress(err, enabled=show, describe=_pods) as progress:
-            return int(run_trace(args, progress=progress.update_until_done))
+            return int(run_trace(args, progress=fan_out(progress.update_until_done, lines)))
     if not args.scenario:
         return _error(
-            "missing SCENARIO.yaml (or --trace openb); "
+            "missing SCENARIO.yaml (or manifests with --nodes, or --trace openb); "
             "try: kai-scheduler simulate examples/simulate/quickstart.yaml"
         )
     _quiet_logs()
-    from scheduler.simulate.scenario import ScenarioError, load_scenario
+    from scheduler.simulate.inputs import load_inputs, print_note
+    from scheduler.simulate.scenario import ScenarioError
 
     try:
-        scenario = load_scenario(args.scenario)
+        scenario = load_inputs(
+            [args.scenario, *(getattr(args, "more", None) or [])],
+            nodes=getattr(args, "nodes", None),
+            note=print_note,
+        )
     except ScenarioError as e:
         return _error(str(e))
     from rich.console import Console
 
     from scheduler.simulate.engine import simulate
+    from scheduler.simulate.progresslines import fan_out
 
     err = Console(stderr=True)
     show = err.is_terminal and not args.no_progress and not args.json
     with _Progress(err, enabled=show) as progress:
-        result = simulate(scenario, progress=progress.update)
+        result = simulate(scenario, progress=fan_out(progress.update, _lines(err, args)))
     plots: list[str] = []
     if args.out:
         from scheduler.simulate.plots import write_plots
@@ -236,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as e:
             return _error(f"--out {args.out}: cannot write plots ({e.strerror or e})")
     try:
-        _print_result(result, plots, as_json=args.json)
+        _print_result(result, plots, as_json=args.json, summary_only=args.summary)
     except BrokenPipeError:
         # The reader (e.g. ``| head``) went away; that is not a failure of the run.
         # Point stdout at /dev/null so the interpreter's final flush does not fail again.
@@ -244,17 +308,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_result(result: SimulationResult, plots: list[str], *, as_json: bool) -> None:
+def _print_result(
+    result: SimulationResult, plots: list[str], *, as_json: bool, summary_only: bool = False
+) -> None:
     from rich.console import Console
 
     from scheduler.simulate.report import print_report, summary
 
     if as_json:
-        data = summary(result)
+        data = summary(result, summary_only=summary_only)
         data["plots"] = plots
         print(json.dumps(data, indent=2))
     else:
         # Piped output would default to 80 columns and fold the reasons into slivers.
-        print_report(result, Console() if sys.stdout.isatty() else Console(width=140))
+        console = Console() if sys.stdout.isatty() else Console(width=140)
+        print_report(result, console, summary_only=summary_only)
         for p in plots:
             print(f"wrote {p}")

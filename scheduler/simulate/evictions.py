@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from scheduler.cluster.node import GPU_MILLI
+from scheduler.simulate.ordering import natural_key
 from scheduler.simulate.records import EvictionRecord
 from scheduler.solver.placement import EvictAction
 
@@ -80,7 +81,10 @@ def group_evictions(records: list[EvictionRecord]) -> list[EvictionEvent]:
 
 def eviction_events(result: SimulationResult) -> list[EvictionEvent]:
     """Every eviction of the run, pods of one gang at one time grouped, in time order."""
-    return sorted(group_evictions(result.cluster.evictions), key=lambda e: (e.time, e.gang))
+    return sorted(
+        group_evictions(result.cluster.evictions),
+        key=lambda e: (e.time, natural_key(e.gang), e.action, natural_key(e.for_gang), e.message),
+    )
 
 
 def eviction_totals(result: SimulationResult) -> dict[str, Any]:
@@ -105,4 +109,8 @@ def eviction_totals(result: SimulationResult) -> dict[str, Any]:
         "pods": sum(v["pods"] for v in by_action.values()),
         "gpus": sum(v["gpus"] for v in by_action.values()),
     }
-    return {"total": total, "by_action": by_action, "by_queue": dict(sorted(by_queue.items()))}
+    return {
+        "total": total,
+        "by_action": by_action,
+        "by_queue": {q: by_queue[q] for q in sorted(by_queue, key=natural_key)},
+    }

@@ -33,6 +33,7 @@ from typing import Any, Literal
 from scheduler.cluster.node import GPU_MILLI
 from scheduler.plugins.fragmentation import FragmentationScorer, Measure
 from scheduler.simulate.replay_arrays import CycleEngine, Outcome, array_engine, mix_for, trace_task
+from scheduler.simulate.replay_timeline import DeviceLedger, ReplaySample
 from scheduler.simulate.trace import (
     TraceError,
     TraceNode,
@@ -122,6 +123,8 @@ class ReplayResult:
     dropped: list[str] = field(default_factory=list)
     cycles: int = 0
     seconds: float = 0.0
+    #: The cluster after every cycle (for ``--out`` plots).
+    timeline: list[ReplaySample] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready summary."""
@@ -247,8 +250,10 @@ def replay(
     ratios: dict[int, float | None] = dict.fromkeys(CHECKPOINTS)
     pending: list[str] = []
     dropped: list[str] = []
-    arrived = allocated = 0
+    arrived = allocated = unplaced = 0
     cycle = 0
+    ledger = DeviceLedger(nodes)
+    timeline: list[ReplaySample] = []
     for cycle, batch in enumerate(_batches(pods, settings.batch)):
         crossed: list[int] = []
         for p in batch:
@@ -263,11 +268,25 @@ def replay(
         for p, node, grant in place(cycle, batch):
             if node is None:
                 (dropped if settings.drop_unplaced else pending).append(p.name)
+                unplaced += p.gpu_request_milli
                 continue
             allocated += p.gpu_request_milli
             placements.append(TracePlacement(p.name, node, grant, cycle))
+            ledger.take(node, grant)
         for c in crossed:
             ratios[c] = 100 * allocated / capacity if capacity else 0.0
+        timeline.append(
+            ReplaySample(
+                cycle=cycle,
+                pods_arrived=min(len(pods), (cycle + 1) * settings.batch),
+                arrived_milli=arrived,
+                allocated_milli=allocated,
+                unplaced_pods=len(dropped) + len(pending),
+                unplaced_milli=unplaced,
+                idle_milli=ledger.idle_milli,
+                fragment_milli=ledger.fragment_milli,
+            )
+        )
         if progress is not None:
             progress(min(len(pods), (cycle + 1) * settings.batch), len(pods))
     return ReplayResult(
@@ -280,6 +299,7 @@ def replay(
         dropped=dropped + pending,
         cycles=cycle + 1 if pods else 0,
         seconds=time.perf_counter() - start,
+        timeline=timeline,
     )
 
 
@@ -361,6 +381,27 @@ def run_trace(
         batch=args.batch,
         drop_unplaced=bool(args.drop_unplaced),
     )
+    if getattr(args, "slice", None):
+        from scheduler.simulate.trace_slice import parse_slice
+
+        summary["slice"] = parse_slice(args.slice).to_json()
+    plots: list[str] = []
+    if getattr(args, "out", None):
+        from scheduler.simulate.replay_plots import write_replay_plots
+
+        title = f"openb replay ({args.policy}, batch {args.batch})"
+        try:
+            written = write_replay_plots(
+                result, args.out, title=title, dropped=bool(args.drop_unplaced)
+            )
+        except OSError as e:
+            print(
+                f"kai-scheduler simulate: --out {args.out}: cannot write plots ({e.strerror or e})",
+                file=sys.stderr,
+            )
+            return 2
+        plots = [str(path) for path in written]
+        summary["plots"] = plots
     if getattr(args, "json", False):
         print(json.dumps(summary))
         return 0
@@ -378,4 +419,6 @@ def run_trace(
         f"pods arrived {summary['pods_arrived']}, placed {summary['pods_placed']}, "
         f"unplaced {summary['pods_unplaced']}; {summary['seconds']} s"
     )
+    for path in plots:
+        console.print(f"wrote {path}")
     return 0

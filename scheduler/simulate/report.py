@@ -1,17 +1,19 @@
 """The end-of-run summary: per queue (requested, allocated, fair share), per gang (placed or
 waiting, and why) and what was taken back (evictions per gang with action and reason, totals by
-action and queue), as rich tables for people and as JSON for programs.
+action and queue), as rich tables for people and as JSON for programs. ``summary_only`` (the
+CLI's ``--summary``) keeps only the totals: per queue, per outcome and reason, per eviction
+action, for runs too big to read gang by gang.
 
 Reasons are the ones the solver attached to each :class:`~scheduler.solver.placement.GangOutcome`
 and :class:`~scheduler.solver.placement.Eviction`, i.e. the same words the live scheduler
-writes on PodGroup status and Events.
+writes on PodGroup status and Events. Every listing is in a stable order (tree order, arrival
+order, natural sort of names), so the same run prints the same bytes.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
@@ -20,7 +22,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from scheduler.cluster.node import GPU_MILLI
-from scheduler.cluster.pod import PodPhase
 from scheduler.cluster.queue import QUEUE_RESOURCES, UNLIMITED
 from scheduler.fairness import QueueStatus
 from scheduler.simulate.engine import SimulationResult
@@ -29,9 +30,12 @@ from scheduler.simulate.evictions import (
     EvictionEvent,
     eviction_events,
     eviction_totals,
-    group_evictions,
 )
-from scheduler.simulate.records import GangRecord
+from scheduler.simulate.gang_rows import gang_rows
+from scheduler.simulate.ordering import natural_key
+from scheduler.simulate.outcomes import outcome_tables, outcome_totals
+from scheduler.simulate.subtree import subtree_sums, tree_order
+from scheduler.simulate.summaries import GangSummary, format_gpu, format_time, gang_summaries
 
 __all__ = [
     "EVICT_ACTIONS",
@@ -46,212 +50,55 @@ __all__ = [
     "summary",
 ]
 
-
-def format_time(seconds: float | None) -> str:
-    """Simulated seconds as ``1h05m``, ``2m30s`` or ``45s`` ("-" for None; before the start,
-    e.g. a job already running, ``-30m``)."""
-    if seconds is None:
-        return "-"
-    if seconds < 0:
-        return "-" + format_time(-seconds)
-    total = round(seconds)
-    h, rest = divmod(total, 3600)
-    m, s = divmod(rest, 60)
-    if h:
-        return f"{h}h{m:02d}m" if not s else f"{h}h{m:02d}m{s:02d}s"
-    if m:
-        return f"{m}m" if not s else f"{m}m{s:02d}s"
-    return f"{s}s"
-
-
-def format_gpu(milli: int) -> str:
-    """GPU thousandths as devices: ``8``, ``0.5``; -1 (unlimited) as ``∞``."""
-    if milli == UNLIMITED:
-        return "∞"
-    whole, frac = divmod(milli, GPU_MILLI)
-    return str(whole) if not frac else f"{milli / GPU_MILLI:.2f}".rstrip("0")
-
-
-@dataclass(frozen=True)
-class GangSummary:
-    """One gang at the end of the run."""
-
-    gang: str
-    job: str
-    queue: str
-    implicit: bool
-    min_member: int
-    pods: int
-    pending: int
-    running: int
-    finished: int
-    arrived_at: float
-    placed_at: float | None
-    #: "running", "finished", "waiting" or "partly placed" (min members placed, extras wait).
-    status: str
-    reason_code: str
-    reason: str
-    #: Why it did not start when it arrived (first reason seen), for gangs placed later.
-    waited_because: str
-    waited_code: str = ""
-    #: Pods of the gang evicted over the run, and how often that restarted the whole job.
-    evicted: int = 0
-    restarts: int = 0
-    #: Since when it waits: its arrival, or its last restart.
-    queued_at: float | None = None
-    #: Pods held on their nodes while the pods evicted for them terminate.
-    nominated: int = 0
-    #: Its pods' evictions (grouped), and the evictions that made room for it.
-    evictions: tuple[EvictionEvent, ...] = ()
-    made_room: tuple[EvictionEvent, ...] = ()
-
-    @property
-    def waited(self) -> float | None:
-        """Seconds between arrival (or the last restart) and placement (None while waiting)."""
-        if self.placed_at is None:
-            return None
-        return self.placed_at - (self.arrived_at if self.queued_at is None else self.queued_at)
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain JSON data."""
-        return {
-            "gang": self.gang,
-            "job": self.job,
-            "queue": self.queue,
-            "implicit": self.implicit,
-            "min_member": self.min_member,
-            "pods": {
-                "total": self.pods,
-                "pending": self.pending,
-                "running": self.running,
-                "finished": self.finished,
-            },
-            "status": self.status,
-            "arrived_at": self.arrived_at,
-            "placed_at": self.placed_at,
-            "waited_seconds": self.waited,
-            "reason_code": self.reason_code,
-            "reason": self.reason,
-            "waited_code": self.waited_code,
-            "waited_because": self.waited_because,
-            "evicted_pods": self.evicted,
-            "restarts": self.restarts,
-            "nominated_pods": self.nominated,
-            "evictions": [e.to_json() for e in self.evictions],
-            "made_room_by": [e.to_json() for e in self.made_room],
-        }
-
-
-def _gang_summary(record: GangRecord, job: str, result: SimulationResult) -> GangSummary:
-    every = [result.cluster.pods[uid] for uid in record.pod_uids]
-    # An evicted pod's replacement stands for it: count each pod of the job once.
-    pods = [p for p in every if p.replaced_by is None]
-    finished = sum(1 for p in pods if p.pod.phase == PodPhase.SUCCEEDED)
-    nominated = sum(1 for p in pods if p.pod.nominated and p.pod.active)
-    running = sum(1 for p in pods if p.pod.bound and p.pod.active and not p.pod.nominated)
-    pending = sum(1 for p in pods if p.pod.pending)
-    code, reason = record.last_reason or ("", "")
-    if record.placed_at is None:
-        status = "nominated" if nominated else "waiting"
-        if not code:
-            code, reason = "NotConsidered", "no cycle has considered this gang yet"
-    elif pending:
-        status = "partly placed"
-    elif running:
-        status = "running"
-    else:
-        status = "finished"
-    first_code, first = "", ""
-    if record.placed_at is not None and record.first_reason:
-        first_code, first = record.first_reason
-    waiting = status in ("waiting", "partly placed", "nominated")
-    return GangSummary(
-        gang=record.gang.key,
-        job=job,
-        queue=record.gang.queue,
-        implicit=record.gang.implicit,
-        min_member=record.gang.min_member,
-        pods=len(pods),
-        pending=pending,
-        running=running,
-        finished=finished,
-        arrived_at=record.arrived_at,
-        placed_at=record.placed_at,
-        status=status,
-        reason_code=code if waiting else "",
-        reason=reason if waiting else "",
-        waited_because=first,
-        waited_code=first_code,
-        evicted=len(record.evictions),
-        restarts=record.restarts,
-        queued_at=record.queued_at,
-        nominated=nominated,
-        evictions=tuple(group_evictions(record.evictions)),
-        made_room=tuple(group_evictions(record.made_room)),
-    )
-
-
-def gang_summaries(result: SimulationResult) -> list[GangSummary]:
-    """Every gang that arrived, in arrival order."""
-    job_of: dict[str, str] = {}
-    for job in result.scenario.jobs:
-        for gang in job.gangs:
-            job_of.setdefault(gang.key, job.name)
-    records = sorted(result.cluster.gangs.values(), key=lambda r: (r.arrived_at, r.gang.key))
-    return [_gang_summary(r, job_of.get(r.gang.key, r.gang.name), result) for r in records]
+#: Above this many gang rows the report says that ``--summary`` prints only the totals.
+MANY_ROWS = 50
 
 
 def _queue_order(queues: dict[str, QueueStatus]) -> Iterator[tuple[int, QueueStatus]]:
-    """Depth-first through the tree (roots first), so children sit under their parent."""
-    children: dict[str, list[str]] = defaultdict(list)
-    for name, s in queues.items():
-        children[s.parent if s.parent in queues else ""].append(name)
-
-    def walk(name: str, depth: int) -> Iterator[tuple[int, QueueStatus]]:
+    """Depth-first through the tree (roots first, siblings in natural order)."""
+    for depth, name in tree_order({name: s.parent for name, s in queues.items()}):
         yield depth, queues[name]
-        for child in sorted(children.get(name, [])):
-            yield from walk(child, depth + 1)
 
-    for root in sorted(children.get("", [])):
-        yield from walk(root, 0)
+
+def _parents(result: SimulationResult) -> dict[str, str]:
+    return {name: s.parent for name, s in result.final_report.queues.items()}
 
 
 def _peaks(result: SimulationResult) -> dict[str, int]:
     """Per queue, the most GPU thousandths it held at any sample (parents sum children)."""
-    parents = {name: s.parent for name, s in result.final_report.queues.items()}
+    parents = _parents(result)
     peak: dict[str, int] = defaultdict(int)
     for sample in result.samples:
-        totals: dict[str, int] = defaultdict(int)
-        for q, milli in sample.allocated_gpu.items():
-            seen: set[str] = set()
-            while q and q not in seen:  # walk up the tree; ``seen`` guards broken cycles
-                seen.add(q)
-                totals[q] += milli
-                q = parents.get(q, "")
-        for q, milli in totals.items():
-            peak[q] = max(peak[q], milli)
+        for q, milli in subtree_sums(sample.allocated_gpu, parents).items():
+            peak[q] = max(peak[q], round(milli))
     return dict(peak)
 
 
 def _gpu_hours(result: SimulationResult) -> dict[str, float]:
     """Per queue (parents sum children): GPU-hours held over the run (samples are steps)."""
-    parents = {name: s.parent for name, s in result.final_report.queues.items()}
+    parents = _parents(result)
     hours: dict[str, float] = defaultdict(float)
-    samples = result.samples
-    for here, nxt in pairwise(samples):
+    for here, nxt in pairwise(result.samples):
         span = (nxt.time - here.time) / 3600
-        for q, milli in here.allocated_gpu.items():
-            seen: set[str] = set()
-            while q and q not in seen:
-                seen.add(q)
-                hours[q] += milli / GPU_MILLI * span
-                q = parents.get(q, "")
+        for q, milli in subtree_sums(here.allocated_gpu, parents).items():
+            hours[q] += milli / GPU_MILLI * span
     return dict(hours)
 
 
-def summary(result: SimulationResult) -> dict[str, Any]:
+def _by_name(values: dict[str, int]) -> dict[str, float]:
+    return {q: values[q] / GPU_MILLI for q in sorted(values, key=natural_key)}
+
+
+def _findings(result: SimulationResult) -> list[Any]:
+    return sorted(
+        result.final_report.findings, key=lambda f: (natural_key(f.queue), f.field, f.message)
+    )
+
+
+def summary(result: SimulationResult, *, summary_only: bool = False) -> dict[str, Any]:
     """The machine-readable summary printed by ``--json`` (units: GPU devices, CPU cores,
-    memory bytes, times in simulated seconds)."""
+    memory bytes, times in simulated seconds). ``summary_only`` leaves out the per-gang,
+    per-eviction and per-sample lists and keeps the totals."""
     report = result.final_report
     peaks = _peaks(result)
     hours = _gpu_hours(result)
@@ -268,6 +115,7 @@ def summary(result: SimulationResult) -> dict[str, Any]:
                 out[r] = v
         return out
 
+    order = list(_queue_order(report.queues))
     queues = [
         {
             "name": s.name,
@@ -281,97 +129,53 @@ def summary(result: SimulationResult) -> dict[str, Any]:
             "peak_allocated_gpu": peaks.get(s.name, 0) / GPU_MILLI,
             "gpu_hours": round(hours.get(s.name, 0.0), 3),
         }
-        for depth, s in _queue_order(report.queues)
+        for depth, s in order
     ]
-    return {
+    gangs = gang_summaries(result)
+    data: dict[str, Any] = {
         "scenario": result.scenario.name,
         "end_time": result.end_time,
         "stopped": result.stopped,
         "cycles": result.cycles,
         "cycle_period": result.scenario.settings.cycle_period,
-        "solver_status": dict(result.solver_status),
+        "solver_status": dict(sorted(result.solver_status.items())),
         "wall_seconds": round(result.wall_seconds, 3),
         "capacity": {k: v / 1000 if k in ("gpu", "cpu") else v for k, v in report.capacity.items()},
         "queues": queues,
-        "gangs": [g.to_json() for g in gang_summaries(result)],
+        "outcomes": outcome_totals(gangs, [s.name for _, s in order]),
+        "gangs": [g.to_json() for g in gangs],
         "evictions": [e.to_json() for e in eviction_events(result)],
         "eviction_totals": eviction_totals(result),
         "timeline": [
             {
                 "time": sample.time,
-                "allocated_gpu": {
-                    q: v / GPU_MILLI for q, v in sorted(sample.allocated_gpu.items())
-                },
-                "waiting_gpu": {q: v / GPU_MILLI for q, v in sorted(sample.waiting_gpu.items())},
+                "allocated_gpu": _by_name(sample.allocated_gpu),
+                "waiting_gpu": _by_name(sample.waiting_gpu),
             }
             for sample in result.samples
         ],
         "queue_findings": [
-            {"queue": f.queue, "field": f.field, "message": f.message} for f in report.findings
+            {"queue": f.queue, "field": f.field, "message": f.message} for f in _findings(result)
         ],
     }
+    if summary_only:
+        for key in ("gangs", "evictions", "timeline"):
+            del data[key]
+    return data
 
 
-def _gang_rows(gangs: list[GangSummary]) -> list[tuple[str, ...]]:
-    """Table rows; pods of one job without a PodGroup that share an outcome share a row (the
-    same reason code: their messages differ only in the pod they name; the first is shown)."""
-    grouped: dict[tuple[str, str, str, str, float | None, int], list[GangSummary]] = {}
-    for g in gangs:
-        name = f"{g.gang.split('/', 1)[0]}/{g.job}" if g.implicit else g.gang
-        reason = g.reason_code if g.implicit else g.reason
-        key = (name, g.status, reason, g.queue, g.placed_at, g.restarts)
-        grouped.setdefault(key, []).append(g)
-    rows: list[tuple[str, ...]] = []
-    for (name, *_), members in grouped.items():
-        g = members[0]
-        if g.implicit:
-            n = len(members)
-            label = f"{escape(name)} [dim]({n} pod{'s' if n > 1 else ''}, no PodGroup)[/]"
-            pods = str(sum(m.pods for m in members))
-        else:
-            label = escape(name)
-            pods = f"{g.pods} (min {g.min_member})" if g.pods != g.min_member else str(g.pods)
-        reason = f"[bold]{escape(g.reason_code)}[/]" + (f": {escape(g.reason)}" if g.reason else "")
-        if g.status == "waiting":
-            status, why = "[yellow]waiting[/]", reason
-        elif g.status == "nominated":
-            status, why = "[yellow]nominated[/]", reason
-        elif g.status == "partly placed":
-            status, why = "[yellow]partly placed[/]", f"{g.pending} extra pod(s) wait: {reason}"
-        else:
-            status = "[green]running[/]" if g.status == "running" else "[blue]finished[/]"
-            waited = g.waited or 0.0
-            why = (
-                f"waited {format_time(waited)} ([bold]{escape(g.waited_code)}[/]): "
-                f"{escape(g.waited_because)}"
-                if g.waited_because and waited > 0
-                else "placed when it arrived"
-            )
-            if g.made_room:
-                took = sum(e.pods for e in g.made_room)
-                actions = ", ".join(sorted({e.action for e in g.made_room}))
-                if g.waited_because:
-                    why += f"; then took back {took} pod(s) ({actions})"
-                else:
-                    why = f"took back {took} pod(s) ({actions})" + (
-                        f"; bound {format_time(waited)} later, once they were gone"
-                        if waited > 0
-                        else ""
-                    )
-        if g.evictions:
-            lost = ", ".join(sorted({e.action for e in g.evictions}))
-            times = f"{g.restarts}x restarted" if g.restarts else f"{g.evicted} pod(s)"
-            why += f" [red](evicted: {lost}; {times})[/]"
-        placed = format_time(g.placed_at)
-        rows.append((label, escape(g.queue), pods, format_time(g.arrived_at), placed, status, why))
-    return rows
-
-
-def _eviction_tables(result: SimulationResult, console: Console) -> None:
-    """Evictions per gang (with action and the reason message), then totals per queue."""
+def _eviction_tables(result: SimulationResult, console: Console, *, per_event: bool) -> None:
+    """Evictions per gang (with action and the reason message) unless not ``per_event``,
+    then totals per queue."""
     events = eviction_events(result)
     if not events:
         return
+    if per_event:
+        _eviction_events_table(events, console)
+    _eviction_totals_table(result, console)
+
+
+def _eviction_events_table(events: list[EvictionEvent], console: Console) -> None:
     table = Table(title="Evictions", title_justify="left")
     for col in ("At", "Gang", "Queue", "Action", "Pods", "GPUs", "For"):
         table.add_column(col, no_wrap=col not in ("Gang", "For"), overflow="fold")
@@ -388,6 +192,9 @@ def _eviction_tables(result: SimulationResult, console: Console) -> None:
             escape(e.message),
         )
     console.print(table)
+
+
+def _eviction_totals_table(result: SimulationResult, console: Console) -> None:
     totals = eviction_totals(result)
     used = [a for a in EVICT_ACTIONS if totals["by_action"][a]["pods"]]
     title = "Evicted pods (GPUs) by queue and action"
@@ -415,8 +222,11 @@ def _eviction_tables(result: SimulationResult, console: Console) -> None:
     console.print(per_queue)
 
 
-def print_report(result: SimulationResult, console: Console | None = None) -> None:
-    """Print the queue and gang tables."""
+def print_report(
+    result: SimulationResult, console: Console | None = None, *, summary_only: bool = False
+) -> None:
+    """Print the queue and gang tables (``summary_only``: the queue table and the totals per
+    queue, outcome and eviction action, without a row per gang or eviction)."""
     console = console or Console()
     report = result.final_report
     cap = report.capacity
@@ -433,7 +243,8 @@ def print_report(result: SimulationResult, console: Console | None = None) -> No
     cols = ("Queue", "Quota", "Limit", "Fair share", "Requested", "Allocated", "Peak", "GPU-hours")
     for col in cols:
         queues.add_column(col, justify="left" if col == "Queue" else "right")
-    for depth, s in _queue_order(report.queues):
+    order = list(_queue_order(report.queues))
+    for depth, s in order:
         name = "  " * depth + escape(s.name) + ("" if s.healthy else " [red](invalid)[/]")
         quota = s.quota.get("gpu", 0)
         queues.add_row(
@@ -447,13 +258,24 @@ def print_report(result: SimulationResult, console: Console | None = None) -> No
             f"{hours.get(s.name, 0.0):.1f}",
         )
     console.print(queues)
-    gangs = Table(title="Gangs", title_justify="left")
-    for col in ("Gang", "Queue", "Pods", "Arrived", "Placed", "Status"):
-        gangs.add_column(col, no_wrap=col != "Gang", overflow="fold")
-    gangs.add_column("Why", overflow="fold", ratio=1)
-    for row in _gang_rows(gang_summaries(result)):
-        gangs.add_row(*row)
-    console.print(gangs)
-    _eviction_tables(result, console)
-    for f in report.findings:
+    summaries = gang_summaries(result)
+    if summary_only:
+        for table in outcome_tables(outcome_totals(summaries, [s.name for _, s in order])):
+            console.print(table)
+    else:
+        rows = gang_rows(summaries)
+        caption = (
+            f"{len(rows)} rows; --summary prints only the totals per queue and outcome"
+            if len(rows) > MANY_ROWS
+            else None
+        )
+        gangs = Table(title="Gangs", title_justify="left", caption=caption)
+        for col in ("Gang", "Queue", "Pods", "Arrived", "Placed", "Status"):
+            gangs.add_column(col, no_wrap=col != "Gang", overflow="fold")
+        gangs.add_column("Why", overflow="fold", ratio=1)
+        for row in rows:
+            gangs.add_row(*row)
+        console.print(gangs)
+    _eviction_tables(result, console, per_event=not summary_only)
+    for f in _findings(result):
         console.print(f"[red]queue {escape(f.queue)}[/] {escape(f.field)}: {escape(f.message)}")

@@ -41,13 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from scheduler.cluster.node import GPU_MEMORY_LABEL, Node, Taint
 from scheduler.cluster.quantity import QuantityError, parse_quantity
 from scheduler.cluster.queue import Queue
 from scheduler.cluster.queuespec import SpecError, queue_from_k8s
 from scheduler.cluster.resources import CPU, GPU, MEMORY, PODS, Resources
+from scheduler.simulate.checks import check_queue_resources, check_queue_tree
 from scheduler.simulate.fields import (
     ScenarioError,
     check_known,
@@ -59,6 +58,7 @@ from scheduler.simulate.fields import (
     read_seconds,
     read_string_map,
 )
+from scheduler.simulate.loader import load_documents
 from scheduler.simulate.running import grant_running
 from scheduler.simulate.workload import JobArrival, parse_jobs, pod_groups, priority_classes
 from scheduler.solver.placement import PlacementSettings, Strategy
@@ -288,11 +288,12 @@ def _queues(raw: Any) -> tuple[Queue, ...]:
         if name in names:
             raise ScenarioError(f"{path}.metadata.name", f"queue {name!r} is defined twice")
         names.add(name)
-        read_mapping(data.get("spec"), f"{path}.spec")
+        check_queue_resources(read_mapping(data.get("spec"), f"{path}.spec"), path)
         try:
             queues.append(queue_from_k8s(data))
         except SpecError as e:
             raise ScenarioError(f"{path}.{e.field}", e.message) from e
+    check_queue_tree(queues, [f"queues[{i}]" for i in range(len(queues))])
     return tuple(queues)
 
 
@@ -314,19 +315,19 @@ def parse_scenario(data: Any, *, default_name: str = "scenario") -> Scenario:
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario file; errors raise :class:`ScenarioError`."""
+    """Read and validate a scenario file; errors raise :class:`ScenarioError`.
+
+    The file is one scenario document, or Kubernetes manifests (see
+    :mod:`scheduler.simulate.manifests`, which :func:`scheduler.simulate.inputs.load_inputs`
+    reads together with other files)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ScenarioError(str(p), f"cannot read the file: {e.strerror or e}") from e
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise ScenarioError(str(p), f"{where}not valid YAML ({problem})") from e
-    if data is None:
+    docs = load_documents(p)
+    if not docs:
         raise ScenarioError(str(p), "the file is empty; see examples/simulate/quickstart.yaml")
-    return parse_scenario(data, default_name=p.stem)
+    if len(docs) > 1:
+        raise ScenarioError(
+            str(p),
+            f"has {len(docs)} YAML documents; a scenario is one (Kubernetes manifests are "
+            "read by kai-scheduler simulate FILE... --nodes NODES.yaml)",
+        )
+    return parse_scenario(docs[0], default_name=p.stem)

@@ -11,6 +11,9 @@ A replay takes the pods in file order after three optional, seeded steps:
 - :func:`shuffle_pods` shuffles the order;
 - :func:`inflate` appends randomly re-sampled copies until the total GPU request reaches a
   multiple of the cluster's GPU capacity (the FGD paper's "tune" of 1.3).
+
+Before them, ``--slice START:END`` may cut the pod list to a part of it, by arrival index or
+by ``creation_time`` (:mod:`scheduler.simulate.trace_slice`).
 """
 
 from __future__ import annotations
@@ -84,6 +87,9 @@ class TracePod:
     num_gpu: int
     gpu_milli: int
     gpu_spec: tuple[str, ...] = ()
+    #: ``creation_time`` in trace seconds (None when the file has none); only ``--slice``
+    #: by time reads it, the replay itself takes pods in list order.
+    created: float | None = None
 
     @property
     def gpu_request_milli(self) -> int:
@@ -176,6 +182,7 @@ def load_pods(path: str | Path) -> list[TracePod]:
                 "devices; only single-GPU pods may take part of a device"
             )
         spec = tuple(sorted({s.strip() for s in (row.get("gpu_spec") or "").split("|")} - {""}))
+        created = _int(p, line, row, "creation_time") if row.get("creation_time") else None
         out.append(
             TracePod(
                 name,
@@ -184,6 +191,7 @@ def load_pods(path: str | Path) -> list[TracePod]:
                 num_gpu,
                 milli,
                 spec,
+                None if created is None else float(created),
             )
         )
     if not out:
@@ -433,8 +441,17 @@ def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
         "auto: cycle for --batch > 1 (arrays for fgd); for --batch 1 greedy (frag) or "
         "arrays (baselines)",
     )
+    g.add_argument(
+        "--slice",
+        default=None,
+        metavar="START:END",
+        help="replay only part of the pod list (before --mix/--shuffle-seed/--inflate): "
+        "arrival indices (0:1000, -500:) or creation times with a unit (0:7d, 12h:36h)",
+    )
     if not _has_option(parser, "--json"):
         g.add_argument("--json", action="store_true", help="print the summary as JSON")
+    if not _has_option(parser, "--out"):
+        g.add_argument("--out", metavar="DIR", default=None, help="write PNG plots into DIR")
 
 
 def load_trace_args(args: argparse.Namespace) -> tuple[list[TraceNode], list[TracePod]]:
@@ -446,8 +463,13 @@ def load_trace_args(args: argparse.Namespace) -> tuple[list[TraceNode], list[Tra
     if args.batch < 1:
         raise TraceError(f"--batch is {args.batch}; it must be at least 1")
     nodes = load_nodes(nodes_path)
+    listed = load_pods(pods_path)
+    if getattr(args, "slice", None):
+        from scheduler.simulate.trace_slice import parse_slice, slice_pods
+
+        listed = slice_pods(listed, parse_slice(args.slice))
     pods = arrival_order(
-        load_pods(pods_path),
+        listed,
         nodes,
         seed=args.shuffle_seed,
         inflate_to=args.inflate,

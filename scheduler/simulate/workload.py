@@ -34,6 +34,7 @@ from scheduler.cluster.podspec import (
 )
 from scheduler.cluster.queuespec import SpecError, gang_from_k8s
 from scheduler.cluster.volumeobjects import pod_claims
+from scheduler.simulate.checks import check_whole_extended, check_whole_requests
 from scheduler.simulate.fields import (
     ScenarioError,
     check_known,
@@ -166,6 +167,7 @@ def _template(pods: Mapping[str, Any], path: str) -> dict[str, Any]:
                 f"{path}.resources", "set resources or template.spec.containers, not both"
             )
         requests = read_mapping(pods["resources"], f"{path}.resources")
+        check_whole_requests(requests, f"{path}.resources")
         spec["containers"] = [{"name": "main", "resources": {"requests": dict(requests)}}]
     if pods.get("annotations") is not None:
         meta["annotations"] = {
@@ -188,6 +190,7 @@ def _template(pods: Mapping[str, Any], path: str) -> dict[str, Any]:
             "a simulation has no PersistentVolumeClaims or volumes, so these pods would never "
             "be scheduled; remove the persistentVolumeClaim and ephemeral volumes",
         )
+    check_whole_extended(spec, f"{path}.template.spec")
     if not spec.get("containers"):
         raise ScenarioError(
             f"{path}.template.spec.containers",
@@ -308,6 +311,15 @@ def _job(
             spec.setdefault("priorityClassName", pc)
         obj = {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
         gang = _gang(obj, f"{path}.podGroup", job_queue, priorities, at, inline=True)
+    if gang is not None and job_queue and gang.queue and gang.queue != job_queue:
+        # The scheduler takes the PodGroup's queue and ignores the pods'; a difference is
+        # a mistake that would silently move the job to another queue.
+        where = f"PodGroup {shared_key}" if shared_key else f"{path}.podGroup.queue"
+        raise ScenarioError(
+            f"{path}.queue",
+            f"{job_queue!r} differs from the queue {gang.queue!r} of its PodGroup ({where}); "
+            "pods go to their PodGroup's queue, so drop queue here or make the two equal",
+        )
     queue = (gang.queue if gang else None) or job_queue
     if not queue:
         raise ScenarioError(f"{path}.queue", "required (the queue this job's pods go to)")
@@ -352,7 +364,7 @@ def _job(
             hints = gang_hints(obj)
         except PodSpecError as e:
             raise ScenarioError(f"{path}.pods.template.{e.field}", e.message) from e
-        except (TypeError, AttributeError) as e:
+        except (TypeError, AttributeError, ValueError) as e:
             raise ScenarioError(f"{path}.pods.template", f"not a valid pod template: {e}") from e
         pod = replace(pod, queue=queue, creation_time=at)
         if running is not None:
@@ -448,8 +460,18 @@ def parse_jobs(
     # Jobs sharing a PodGroup share one gang: it exists from the earliest job's arrival (or
     # the start of a job already running).
     first: dict[str, float] = {}
-    for job, key in zip(jobs, shared_keys, strict=True):
+    queues: dict[str, tuple[str, str]] = {}
+    for i, (job, key) in enumerate(zip(jobs, shared_keys, strict=True)):
         if key:
+            # A PodGroup without spec.queue takes each job's queue: they must agree.
+            queue = job.gangs[0].queue
+            seen = queues.setdefault(key, (queue, job.name))
+            if seen[0] != queue:
+                raise ScenarioError(
+                    f"jobs[{i}].queue",
+                    f"job {job.name} puts PodGroup {key} in queue {queue!r} but job {seen[1]} "
+                    f"puts it in {seen[0]!r}; a PodGroup has one queue: set its spec.queue",
+                )
             created = min(g.creation_time for g in job.gangs)
             first[key] = min(first.get(key, created), created)
     return tuple(

@@ -136,12 +136,20 @@ def test_simulate_subcommand_is_wired() -> None:
     assert {"run", "simulate"} <= set(sub.choices)
 
 
-def test_metrics_port_in_use_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+def test_metrics_port_in_use_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     import socket
 
+    # A usable kubeconfig (the kubeconfig is checked before the port is bound).
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\n"
+        "current-context: x\n"
+    )
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        assert main([f"--metrics-address=127.0.0.1:{port}"]) == 2
+        assert main([f"--kube-config={kubeconfig}", f"--metrics-address=127.0.0.1:{port}"]) == 2
     assert "--metrics-address" in capsys.readouterr().err

@@ -357,12 +357,48 @@ CASES = {
         gangs={"job": (4, "team-a", True)},
     ),
     "gang does not pack": Case(
-        [node("n1", gpus=4), node("n2", gpus=2)],
-        [pod(f"job-{i}", "job", gpus=3) for i in range(2)],
+        [node("n1", gpus=4), node("n2", gpus=4)],
+        [pod("run-0", "run", gpus=2, on="n2"), *(pod(f"job-{i}", "job", gpus=3) for i in range(2))],
         "GangDoesNotFit",
         "gang needs 2 pods placed together; matching nodes have enough free in total, but it is "
         "split across nodes and devices so they do not all fit",
         gangs={"job": (2, "team-a", True)},
+    ),
+    "gang never packs, even on empty nodes": Case(
+        [node("n1", gpus=4), node("n2", gpus=2)],
+        [pod(f"job-{i}", "job", gpus=3) for i in range(2)],
+        "ExceedsCluster",
+        "gang ns/job can never fit this cluster: its 2 pods are within the nodes' total "
+        "capacity but cannot be packed onto them node by node, even with nothing else running; "
+        "use larger nodes or make the gang smaller",
+        gangs={"job": (2, "team-a", True)},
+    ),
+    "gang larger than the cluster": Case(
+        [node(f"n{i}", gpus=8) for i in range(4)],
+        [pod(f"job-{i}", "job", gpus=8) for i in range(5)],
+        "ExceedsCluster",
+        "gang ns/job can never fit this cluster: it needs 40 GPUs across 5 pods together, the "
+        "cluster has 32; add nodes or make the gang smaller",
+        gangs={"job": (5, "team-a", True)},
+    ),
+    "gang above its queue's limit": Case(
+        [node(f"n{i}", gpus=8) for i in range(8)],
+        [pod(f"job-{i}", "job", gpus=8) for i in range(5)],
+        "ExceedsQueueLimit",
+        "gang ns/job can never be admitted: it asks 40 GPUs, queue team-a's limit is 32 GPUs; "
+        "raise the limit or make the gang smaller",
+        queues=queues(QueueResource(0, 1, 32000)),
+        gangs={"job": (5, "team-a", True)},
+    ),
+    "non-preemptible gang above its queue's quota": Case(
+        [node("n1", gpus=8)],
+        [pod("job-0", "job", gpus=6)],
+        "ExceedsQueueQuota",
+        "gang ns/job can never be admitted: it is non-preemptible and asks 6 GPUs, queue "
+        "team-a's quota is 4 GPUs (non-preemptible work may only use quota); raise the quota or "
+        "make the gang preemptible",
+        queues=queues(QueueResource(4000, 1, UNLIMITED)),
+        gangs={"job": (1, "team-a", False)},
     ),
     "pod anti-affinity": Case(
         [host("n1"), host("n2")],

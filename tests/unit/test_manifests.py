@@ -60,6 +60,9 @@ REQUIRED_CLUSTER_PERMISSIONS: set[tuple[str, str, str]] = {
     },
     ("", "persistentvolumes", "patch"),
     *{("storage.k8s.io", "storageclasses", v) for v in ("get", "list", "watch")},
+    # GET /debug/snapshot reviews the caller's token and access (scheduler.debug_snapshot).
+    ("authentication.k8s.io", "tokenreviews", "create"),
+    ("authorization.k8s.io", "subjectaccessreviews", "create"),
 }
 REQUIRED_LEASE_PERMISSIONS = {
     ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update", "patch")

@@ -166,7 +166,7 @@ def test_reasons_example_hits_each_documented_reason() -> None:
     by_job = {g.job: g for g in gang_summaries(result)}
     expected = {
         "half-gang": "GangIncomplete",
-        "train-big": "QueueLimit",
+        "train-big": "ExceedsQueueLimit",
         "wants-h100": NO_MATCHING_NODE,
         "eight-gpus": NODE_TOO_SMALL,
         "to-parent": "NonLeafQueue",
