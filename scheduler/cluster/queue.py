@@ -134,7 +134,10 @@ class QueueTree:
                 )
             else:
                 graph.add_edge(q.parent, q.name)
-        for cycle in nx.simple_cycles(graph):
+        # simple_cycles' start node and order follow set iteration (PYTHONHASHSEED): each cycle
+        # starts at its smallest name and cycles come sorted, so the message is the same every run.
+        cycles = sorted(_from_smallest(c) for c in nx.simple_cycles(graph))
+        for cycle in cycles:
             path = " -> ".join([*cycle, cycle[0]])
             for name in cycle:
                 bad.setdefault(
@@ -142,8 +145,8 @@ class QueueTree:
                     QueueFinding(name, "spec.parentQueue", f"queue parents form a cycle: {path}"),
                 )
         # Everything below a broken queue is broken too: its shares cannot be computed.
-        for name in list(bad):
-            for child in nx.descendants(graph, name):
+        for name in sorted(bad):
+            for child in sorted(nx.descendants(graph, name)):
                 bad.setdefault(
                     child,
                     QueueFinding(child, "spec.parentQueue", f"ancestor queue {name} is invalid"),
@@ -203,3 +206,9 @@ class QueueTree:
             if f.queue == name:
                 return f
         return None
+
+
+def _from_smallest(cycle: list[str]) -> list[str]:
+    """The cycle rotated to start at its smallest name (same cycle, same order of edges)."""
+    i = cycle.index(min(cycle))
+    return cycle[i:] + cycle[:i]

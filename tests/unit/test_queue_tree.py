@@ -103,3 +103,39 @@ def test_duplicate_names_are_findings() -> None:
 )
 def test_pod_queue_usage(pod: Pod, usage: dict[str, int]) -> None:
     assert pod_queue_usage(pod) == usage
+
+
+_FINDINGS_SCRIPT = """
+import itertools, json, sys
+from scheduler.cluster.queue import Queue, QueueTree
+pairs = [("r", "q"), ("q", "p"), ("p", "r"), ("c", "r"), ("y", "x"), ("x", "y"), ("x1", "x")]
+out = set()
+for order in itertools.islice(itertools.permutations(pairs), 0, None, 7):
+    if len(out) > 1:
+        break
+    t = QueueTree.build([Queue(n, parent=p) for n, p in order])
+    out.add(json.dumps([(f.queue, f.message) for f in t.findings]))
+print(json.dumps(sorted(out)))
+"""
+
+
+def test_cycle_findings_read_the_same_whatever_the_order_and_hash_seed() -> None:
+    """The same broken tree words its findings identically across input orders and runs
+    (networkx's cycle search follows set order, which PYTHONHASHSEED changes)."""
+    import os
+    import subprocess
+    import sys
+
+    seen: set[str] = set()
+    for seed in ("0", "1", "7", "42", "977"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        proc = subprocess.run(
+            [sys.executable, "-c", _FINDINGS_SCRIPT],
+            env=env, capture_output=True, text=True, check=True, timeout=120,
+        )  # fmt: skip
+        seen.update(__import__("json").loads(proc.stdout))
+    assert len(seen) == 1, seen
+    findings = dict(__import__("json").loads(seen.pop()))
+    assert findings["p"] == "queue parents form a cycle: p -> q -> r -> p"
+    assert findings["x"] == "queue parents form a cycle: x -> y -> x"
+    assert findings["c"].startswith("ancestor queue")
