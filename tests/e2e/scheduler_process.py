@@ -41,6 +41,7 @@ __all__ = [
     "kai_cluster",
     "kubectl_json",
     "pod_manifest",
+    "remove_install",
     "start_scheduler",
     "wait_for",
 ]
@@ -319,6 +320,25 @@ class KaiCluster:
     def events(self, namespace: str) -> list[dict[str, Any]]:
         """Every core Event of ``namespace``."""
         return list(kubectl_json(self.cp, "get", "events", "-n", namespace)["items"])
+
+
+def remove_install(cp: ControlPlane) -> None:
+    """Remove what any install of ours in ``kai-scheduler`` made (not the CRDs): the Helm
+    release ``kai-scheduler``, the plain manifests (``kai_cluster`` applies some of them) and
+    the default queues, then wait for the namespace to go. An install test starts with this:
+    Helm refuses to adopt a ClusterRole or namespace another install left without its labels."""
+    cp.helm("uninstall", "kai-scheduler", "-n", SCHEDULER_NAMESPACE, "--wait", "--ignore-not-found",
+            check=False)  # fmt: skip
+    # The Queue kind is unknown when the CRDs are absent: then there are no queues to delete.
+    cp.kubectl(
+        "delete", "--ignore-not-found", "--wait=false", "-f", str(REPO / "manifests" / "defaults"),
+        check=False,
+    )  # fmt: skip
+    cp.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", str(REPO / "manifests"))
+    cp.kubectl(
+        "delete", "namespace", SCHEDULER_NAMESPACE, "--ignore-not-found", "--timeout=120s",
+        timeout=135,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -34,6 +34,7 @@ import yaml
 
 from testenv.binaries import find_bin_dir
 from testenv.controlplane import ControlPlane
+from tests.e2e.scheduler_process import SCHEDULER_NAMESPACE, remove_install
 
 __all__: list[str] = []
 
@@ -156,9 +157,11 @@ class Shell:
 
 
 def _remove_release(cp: ControlPlane) -> None:
-    """Uninstall the release and delete its namespace (CRDs stay, as after any uninstall)."""
-    cp.helm("uninstall", RELEASE, "-n", NS, "--wait", "--ignore-not-found", timeout=135)
-    cp.kubectl("delete", "namespace", NS, "--ignore-not-found", "--timeout=120s", timeout=135)
+    """Uninstall the release and delete its namespace (CRDs stay, as after any uninstall), and
+    whatever an earlier plain-YAML install in this session left there (Helm would refuse to
+    adopt its ClusterRole or namespace)."""
+    assert (RELEASE, NS) == ("kai-scheduler", SCHEDULER_NAMESPACE)
+    remove_install(cp)
 
 
 @pytest.fixture

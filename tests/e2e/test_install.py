@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from testenv.controlplane import ControlPlane
+from tests.e2e.scheduler_process import remove_install
 
 __all__: list[str] = []
 
@@ -40,18 +41,6 @@ MakeNodes = Callable[..., list[str]]
 
 def _docs(text: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(text) if d]
-
-
-def _remove_install(cp: ControlPlane) -> None:
-    """Remove what either install method created (not the CRDs), and wait for the namespace."""
-    cp.helm("uninstall", "kai-scheduler", "-n", NS, "--wait", "--ignore-not-found", check=False)
-    # The Queue kind is unknown when the CRDs are absent: then there are no queues to delete.
-    cp.kubectl(
-        "delete", "--ignore-not-found", "--wait=false", "-f", str(ROOT / "manifests" / "defaults"),
-        check=False,
-    )  # fmt: skip
-    cp.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", str(ROOT / "manifests"))
-    cp.kubectl("delete", "namespace", NS, "--ignore-not-found", "--timeout=120s", timeout=135)
 
 
 def _wait_established(cp: ControlPlane) -> None:
@@ -220,7 +209,7 @@ def test_plain_yaml_install(
     control_plane: ControlPlane, namespace: str, make_gpu_nodes: MakeNodes
 ) -> None:
     cp = control_plane
-    _remove_install(cp)
+    remove_install(cp)
     try:
         # The documented sequence (docs/api.md, examples/README.md).
         cp.kubectl("apply", "-f", str(ROOT / "crds"), "-f", str(ROOT / "manifests"))
@@ -234,21 +223,21 @@ def test_plain_yaml_install(
         again = cp.kubectl("apply", "-f", str(ROOT / "crds"), "-f", str(ROOT / "manifests"))
         assert "configured" not in again.stdout and "created" not in again.stdout, again.stdout
     finally:
-        _remove_install(cp)
+        remove_install(cp)
 
 
 @pytest.fixture(scope="module")
 def helm_release(control_plane: ControlPlane) -> Generator[ControlPlane, None, None]:
     """The chart installed with `helm install` on a cluster without our CRDs."""
     cp = control_plane
-    _remove_install(cp)
+    remove_install(cp)
     # Prove the chart installs the CRDs itself.
     cp.kubectl("delete", "--ignore-not-found", "--timeout=120s", *CRD_NAMES, timeout=135)
     cp.helm("install", "kai-scheduler", str(CHART), "-n", NS, "--create-namespace", timeout=180)
     try:
         yield cp
     finally:
-        _remove_install(cp)
+        remove_install(cp)
 
 
 def test_helm_install_creates_crds_defaults_and_scheduler(helm_release: ControlPlane) -> None:
