@@ -105,11 +105,17 @@ class SnapshotCluster(SimulatedCluster):
         known = {g.key for g in start.gangs}
         #: Uids in the snapshot's order: the first cycle sees the pods as the live one did.
         self._order = [p.uid for p in start.pods]
-        live = [p for p in start.pods if p.gang in known and p.active]
-        #: Pods the simulation never changes (no gang of ours, or finished).
-        self.fixed: dict[str, Pod] = {
-            p.uid: p for p in start.pods if not (p.gang in known and p.active)
-        }
+        nodes = {n.name for n in start.nodes}
+
+        def simulated(p: Pod) -> bool:
+            # A pod bound to a node the cluster no longer has (deleted before the pod was
+            # collected) holds nothing anywhere; the live cycle sees it as it is, and so
+            # does the replay: it stays as captured instead of stopping the replay.
+            return p.gang in known and p.active and not (p.bound and p.node_name not in nodes)
+
+        live = [p for p in start.pods if simulated(p)]
+        #: Pods the simulation never changes (no gang of ours, finished, or on a gone node).
+        self.fixed: dict[str, Pod] = {p.uid: p for p in start.pods if not simulated(p)}
         by_gang: dict[str, list[Pod]] = {}
         for p in live:
             by_gang.setdefault(p.gang, []).append(p)

@@ -299,3 +299,19 @@ def test_snapshot_cli_names_what_is_wrong(
     assert not Path(out).exists()
     assert main(["snapshot", "--out", out, "--kube-config", str(closed), "--config-map", "x"]) == 2
     assert "--config-map: 'x' must look like NAMESPACE/NAME" in capsys.readouterr().err
+
+
+def test_a_pod_on_a_node_the_cluster_no_longer_has_is_kept_as_captured() -> None:
+    """A live cluster can hold a pod bound to a deleted node (not collected yet): the replay
+    keeps it as it was and decides the rest, instead of stopping."""
+    snap = _snapshot()
+    ghost = Pod("u-ghost", "ns", "run-1", Resources({CPU: 100, GPU: 1}), gpu=GpuRequest(1),
+                gang="ns/run", queue="team-b", phase=PodPhase.RUNNING, node_name="gone-node",
+                creation_time=NOW - 50, start_time=NOW - 40)  # fmt: skip
+    snap = Snapshot(snap.nodes, (*snap.pods, ghost), snap.gangs, snap.queues, now=NOW,
+                    budgets=snap.budgets)  # fmt: skip
+    cluster = SnapshotCluster(snap)
+    assert "u-ghost" in cluster.fixed
+    assert [p.node_name for p in cluster.snapshot_now().pods if p.uid == "u-ghost"] == ["gone-node"]
+    first = replay_snapshot(snap, CONFIG, cycles=2).decisions[0]
+    assert set(first.placed) == {"ns/big"}
