@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 import yaml
 
+from scheduler.cliflags import add_kube_flags
 from scheduler.config import ConfigError, SchedulerConfig, load_config, parse_config
 
 if TYPE_CHECKING:
@@ -53,8 +54,6 @@ class CaptureError(Exception):
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``snapshot`` on the ``kai-scheduler`` subcommand parsers."""
-    from scheduler.cli import parse_bool
-
     p: argparse.ArgumentParser = subparsers.add_parser(
         "snapshot",
         help="save the live cluster as a snapshot file for simulate --snapshot",
@@ -64,12 +63,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "with the scheduler config; replay it with kai-scheduler simulate --snapshot FILE.",
     )
     p.add_argument("--out", metavar="FILE", required=True, help="write here (.gz: gzip)")
-    p.add_argument("--kube-config", metavar="PATH", default=None, help="kubeconfig file")
-    p.add_argument("--kube-api-server", metavar="URL", default=None, help="API server URL")
-    p.add_argument(
-        "--kube-api-secure", metavar="true|false", type=parse_bool, default=None,
-        help="verify the API server's TLS certificate (default: as the kubeconfig says)",
-    )  # fmt: skip
+    add_kube_flags(p, kube_config_help="kubeconfig file (default: the in-cluster ServiceAccount)")
     p.add_argument(
         "--config", metavar="FILE", default=None,
         help="scheduler config file (default: read the scheduler's ConfigMap)",

@@ -23,6 +23,7 @@ from dataclasses import replace
 from types import ModuleType
 
 from scheduler import __version__
+from scheduler.cliflags import add_kube_flags, parse_bool
 from scheduler.config import (
     ConfigError,
     SchedulerConfig,
@@ -37,38 +38,8 @@ __all__ = ["build_parser", "main", "parse_bool", "settings_from_args"]
 _SUBCOMMANDS = ("run", "simulate", "podgrouper", "doctor", "snapshot", "explain")
 
 
-def parse_bool(text: str | bool) -> bool:
-    """``true``/``false`` (also 1/0, yes/no) for flags such as ``--kube-api-secure``."""
-    if isinstance(text, bool):
-        return text
-    value = text.strip().lower()
-    if value in ("true", "1", "yes", "on"):
-        return True
-    if value in ("false", "0", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"{text!r} must be true or false")
-
-
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--kube-config",
-        metavar="PATH",
-        default=None,
-        help="kubeconfig file (default: the in-cluster ServiceAccount)",
-    )
-    p.add_argument(
-        "--kube-api-server",
-        metavar="URL",
-        default=None,
-        help="API server URL; overrides the kubeconfig's server",
-    )
-    p.add_argument(
-        "--kube-api-secure",
-        metavar="true|false",
-        type=parse_bool,
-        default=None,
-        help="verify the API server's TLS certificate (default: as the kubeconfig says)",
-    )
+    add_kube_flags(p, kube_config_help="kubeconfig file (default: the in-cluster ServiceAccount)")
     p.add_argument(
         "--scheduler-name",
         action="append",

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from scheduler.cliflags import add_kube_flags, api_url, non_negative_number, positive_number
 from scheduler.doctor.report import OUTPUTS, render
 from scheduler.doctor.result import exit_code
 
@@ -21,61 +22,18 @@ __all__ = ["add_parser", "run"]
 _EXIT_BAD_INPUT = 2
 
 
-def _minutes(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of minutes") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more minutes")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
-    return value
-
-
-def _url(text: str) -> str:
-    if not text.startswith(("http://", "https://")):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a URL such as http://127.0.0.1:8080")
-    return text
-
-
 def add_parser(subs: Any) -> argparse.ArgumentParser:
     """Add the ``doctor`` subcommand to ``kai-scheduler``'s subparsers."""
-    from scheduler.cli import parse_bool
-
     p: argparse.ArgumentParser = subs.add_parser(
         "doctor",
         help="check an installed scheduler: Deployment, leader, CRDs, queues, RBAC, GPUs ...",
         description="Readiness checks of an installed KAI Scheduler; each is ok, warn or fail "
         "with a one-line fix. Exit code 1 when a check fails.",
     )
-    p.add_argument(
-        "--kube-config",
-        metavar="PATH",
-        default=None,
-        help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)",
-    )
-    p.add_argument(
-        "--kube-api-server",
-        metavar="URL",
-        type=_url,
-        default=None,
-        help="API server URL; overrides the kubeconfig's server",
-    )
-    p.add_argument(
-        "--kube-api-secure",
-        metavar="true|false",
-        type=parse_bool,
-        default=None,
-        help="verify the API server's TLS certificate (default: as the kubeconfig says)",
+    add_kube_flags(
+        p,
+        kube_config_help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)",
+        server_type=api_url,
     )
     p.add_argument(
         "--namespace",
@@ -93,14 +51,14 @@ def add_parser(subs: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--pending-minutes",
         metavar="N",
-        type=_minutes,
+        type=non_negative_number("minutes"),
         default=5.0,
         help="report our pods pending longer than N minutes (default 5)",
     )
     p.add_argument(
         "--metrics-url",
         metavar="URL",
-        type=_url,
+        type=api_url,
         default=None,
         help="scrape the scheduler here (e.g. after kubectl port-forward) instead of "
         "through the API server's pod proxy",
@@ -113,7 +71,7 @@ def add_parser(subs: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout",
         metavar="SECONDS",
-        type=_seconds,
+        type=positive_number("seconds"),
         default=10.0,
         help="seconds allowed for each API request (default 10)",
     )

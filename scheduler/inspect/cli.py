@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from scheduler.cliflags import add_kube_flags, positive_number
 from scheduler.inspect.render import OUTPUTS
 from scheduler.inspect.views import DEFAULT_SCHEDULER_NAMES
 
@@ -94,20 +95,8 @@ def _events(text: str) -> int:
     return value
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 seconds")
-    return value
-
-
 def add_parser(subs: Any) -> argparse.ArgumentParser:
     """Add the ``explain`` subcommand to ``kai-scheduler``'s subparsers."""
-    from scheduler.cli import parse_bool
-
     p: argparse.ArgumentParser = subs.add_parser(
         "explain",
         help="why a pod or PodGroup is placed or waiting, with its gang and queue",
@@ -122,24 +111,8 @@ def add_parser(subs: Any) -> argparse.ArgumentParser:
         default=None,
         help="the object's namespace (default: the kubeconfig context's, or default)",
     )
-    p.add_argument(
-        "--kube-config",
-        metavar="PATH",
-        default=None,
-        help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)",
-    )
-    p.add_argument(
-        "--kube-api-server",
-        metavar="URL",
-        default=None,
-        help="API server URL; overrides the kubeconfig's server",
-    )
-    p.add_argument(
-        "--kube-api-secure",
-        metavar="true|false",
-        type=parse_bool,
-        default=None,
-        help="verify the API server's TLS certificate (default: as the kubeconfig says)",
+    add_kube_flags(
+        p, kube_config_help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster)"
     )
     p.add_argument(
         "--output",
@@ -170,7 +143,7 @@ def add_parser(subs: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--timeout",
         metavar="SECONDS",
-        type=_seconds,
+        type=positive_number("seconds"),
         default=15.0,
         help="seconds allowed for each API request (default 15)",
     )
