@@ -1,7 +1,7 @@
 """`kai-scheduler doctor` on the real control plane: all ok on a good Helm install, then each
-test breaks the one thing a check looks at (deletes the default queue, takes a verb away from
-the ClusterRole, scales the scheduler to 0, removes a CRD) and expects that check to `fail`
-with the right fix - and puts it back.
+test breaks the one thing a check looks at (deletes the default queue or a PriorityClass, takes
+a verb away from the ClusterRole, scales the scheduler to 0, removes a CRD, stops the leader)
+and expects that check to `fail` with the right fix - and puts it back.
 
 The install is this module's own: a Helm release in its own namespace, with its own default
 queue names and scheduler name, so breaking it does not touch what other tests of the session
@@ -320,3 +320,29 @@ def test_removing_a_crd_fails(install: DoctorInstall) -> None:
         cp.kubectl("wait", "--for=condition=Established", f"crd/{PODGROUP_CRD}",
                    "--timeout=60s", timeout=75)  # fmt: skip
     assert install.until("crds", "ok")[1]["status"] == "ok"
+
+
+def test_deleting_a_priority_class_fails(install: DoctorInstall) -> None:
+    cp = install.cp
+    saved = _clean(kubectl_json(cp, "get", "priorityclass", "build"))
+    cp.kubectl("delete", "priorityclass", "build")
+    try:
+        code, check = install.until("priorityclasses", "fail")
+        assert code == 1
+        assert check["message"].startswith("missing: build ")
+        assert "manifests/60-priorityclasses.yaml" in check["fix"]
+    finally:
+        cp.kubectl("create", "-f", "-", input=json.dumps(saved))
+    assert install.until("priorityclasses", "ok")[1]["status"] == "ok"
+
+
+def test_no_leader_once_the_scheduler_stops_fails(install: DoctorInstall) -> None:
+    """Last in the module: the scheduler process stops (releasing its Lease on SIGTERM, as a
+    rolling update's old pod does) and nothing takes over."""
+    # The process still leads (warn when an earlier test replaced the pod it is named after).
+    assert install.doctor()[1]["leader"]["status"] in ("ok", "warn")
+    assert install.proc.stop() == 0
+    code, check = install.until("leader", "fail")
+    assert code == 1
+    assert "no replica leads" in check["message"] or "stopped renewing" in check["message"]
+    assert f"kubectl logs deployment/{install.release} -n {install.namespace}" in check["fix"]
