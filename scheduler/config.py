@@ -89,6 +89,11 @@ class SchedulerConfig:
     #: API requests (binds, status writes, Events) in flight at once; binds stream in the
     #: background, so this bounds how fast a backlog is bound and how hard the API is hit.
     max_requests_in_flight: int = 64
+    #: Gangs the first cycle after start considers (in admission order; 0: all). After a
+    #: restart or a failover the backlog can be thousands of gangs; solving them all before
+    #: the first bind would hold every bind back by that solve. The rest are taken by the
+    #: next cycle, which starts at once while the first binds stream.
+    first_cycle_max_gangs: int = 1000
     #: The same Event (object, reason, message) is sent at most once per this many seconds.
     event_interval: float = 60.0
     #: Seconds a gang held on its nodes (nominated) waits for the pods evicted for it to
@@ -251,6 +256,7 @@ def parse_config(data: Any, base: SchedulerConfig | None = None) -> SchedulerCon
         ),
         "bindAttempts": ("bind_attempts", lambda v, k: _int(v, k, 1)),
         "maxRequestsInFlight": ("max_requests_in_flight", lambda v, k: _int(v, k, 1)),
+        "firstCycleMaxGangs": ("first_cycle_max_gangs", lambda v, k: _int(v, k, 0)),
         "eventInterval": ("event_interval", lambda v, k: _duration(v, k, positive=False)),
         "nominationTimeout": ("nomination_timeout", _duration),
         "podGrouper": ("pod_grouper", _bool),

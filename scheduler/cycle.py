@@ -69,9 +69,12 @@ class CycleReport:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def _decide(snapshot: Snapshot, settings: PlacementSettings) -> tuple[FairShareReport, Placement]:
+def _decide(
+    snapshot: Snapshot, settings: PlacementSettings, max_gangs: int | None = None
+) -> tuple[FairShareReport, Placement]:
     report = compute_fair_shares(snapshot)
-    return report, with_findings(snapshot, report, solve(snapshot, settings, report))
+    placement = solve(snapshot, settings, report, max_gangs=max_gangs)
+    return report, with_findings(snapshot, report, placement)
 
 
 def with_findings(snapshot: Snapshot, report: FairShareReport, placement: Placement) -> Placement:
@@ -90,12 +93,15 @@ def with_findings(snapshot: Snapshot, report: FairShareReport, placement: Placem
     return dataclasses.replace(placement, outcomes=outcomes)
 
 
-async def run_cycle(backend: Backend, settings: PlacementSettings, number: int) -> CycleReport:
-    """Run one cycle against ``backend``."""
+async def run_cycle(
+    backend: Backend, settings: PlacementSettings, number: int, *, max_gangs: int | None = None
+) -> CycleReport:
+    """Run one cycle against ``backend``; ``max_gangs`` bounds the gangs it considers (see
+    :func:`scheduler.solver.solve`), the rest are in ``placement.deferred``."""
     started = time.perf_counter()
     snapshot = await backend.snapshot()
     t_snap = time.perf_counter()
-    report, placement = await asyncio.to_thread(_decide, snapshot, settings)
+    report, placement = await asyncio.to_thread(_decide, snapshot, settings, max_gangs)
     t_solve = time.perf_counter()
     result = await backend.commit(snapshot, placement, report)
     finished = time.perf_counter()
@@ -110,6 +116,7 @@ async def run_cycle(backend: Backend, settings: PlacementSettings, number: int) 
         failed_pods=result.failed_pods,
         status=str(placement.status),
         seconds=round(finished - started, 4),
+        **({"deferred_gangs": len(placement.deferred)} if placement.deferred else {}),
     )
     return CycleReport(
         number=number,

@@ -235,7 +235,9 @@ class SchedulerMetrics:
     def observe_report(self, report: CycleReport) -> None:
         """Everything one finished cycle tells: durations, pending work, fair shares."""
         self.observe_cycle(report.seconds, report.solve_seconds)
-        self.observe_pending(report.snapshot, report.placement.outcomes)
+        # Gangs a budgeted cycle left for the next one are pending too.
+        pending = [*report.placement.outcomes, *report.placement.deferred]
+        self.observe_pending(report.snapshot, pending)
         self.observe_waiting(report.snapshot, report.placement.outcomes)
         self.observe_fair_share(report.fair_share)
 

@@ -357,8 +357,12 @@ class Scheduler:
                 # The backend makes a new status publisher when leadership changes hands.
                 backend.status.volcano = self.volcano
                 self.cycling = True
+                # The first cycle takes a bounded bite of a backlog (firstCycleMaxGangs).
+                budget = self.config.first_cycle_max_gangs if self.cycles == 1 else 0
                 try:
-                    report = await run_cycle(backend, self.config.placement, self.cycles)
+                    report = await run_cycle(
+                        backend, self.config.placement, self.cycles, max_gangs=budget or None
+                    )
                 except Exception:
                     # One bad cycle (a bug tripped by unusual input) must not stop scheduling;
                     # a bug that trips every cycle must not be hidden either.
@@ -378,6 +382,8 @@ class Scheduler:
                     self.metrics.binds_in_flight.set(backend.binds_in_flight)
                     self.metrics.assumed_pods.set(len(self.cache.assumed()))
                     self.metrics.nominated_pods.set(len(self.cache.nominated()))
+                    if report.placement.deferred:
+                        self.cache.pending_changed.set()  # the rest of the backlog: next
                 finally:
                     self.cycling = False
             await self._wait_trigger(self.cache.pending_changed)

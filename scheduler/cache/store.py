@@ -56,6 +56,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -305,15 +306,20 @@ class Cache:
 
     def relisted(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> None:
         """Replace every object of ``kind`` with the result of a fresh list."""
+        listed: set[tuple[str, str]] = set()
+        for obj in objs:
+            meta = obj.get("metadata") or {}
+            listed.add((meta.get("namespace") or "", meta.get("name") or ""))
+            self.apply(kind, "MODIFIED", obj)
+        self.relist_done(kind, listed)
+
+    def relist_done(self, kind: str, listed: AbstractSet[tuple[str, str]]) -> None:
+        """A list of ``kind``, applied page by page, has ended: what it did not name is gone."""
         if kind in self._raw and kind not in self._seen:
             self._seen.add(kind)
             self._changed(wake=False)  # e.g. Volcano's root and default queues appear
-        seen: set[str] = set()
-        for obj in objs:
-            meta = obj.get("metadata") or {}
-            seen.add(_key(meta.get("namespace") or "", meta.get("name") or ""))
-            self.apply(kind, "MODIFIED", obj)
-        for key in [k for k in self._raw.get(kind, {}) if k not in seen]:
+        keep = {_key(namespace, name) for namespace, name in listed}
+        for key in [k for k in self._raw.get(kind, {}) if k not in keep]:
             self.apply(kind, "DELETED", self._raw[kind][key])
 
     def _upsert(self, kind: str, key: str, obj: dict[str, Any]) -> None:

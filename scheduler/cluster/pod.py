@@ -62,6 +62,11 @@ class GpuRequest:
         return self.count * self.milli
 
 
+#: Phases of a pod that holds nothing any more. A module constant: looking enum members up
+#: on their class costs more than the test itself, and every pass over the pods asks.
+_FINISHED = frozenset({PodPhase.SUCCEEDED, PodPhase.FAILED})
+
+
 @lru_cache(maxsize=4096)
 def _node_label_keys(
     selector: tuple[tuple[str, str], ...], affinity: tuple[NodeSelectorTerm, ...]
@@ -73,9 +78,11 @@ def _node_label_keys(
 class _PodMemo(Labelled):
     """Slots for the rest of what :class:`Pod` derives on first use (see :class:`Labelled`)."""
 
-    __slots__ = ("_node_label_keys", "_one_per_node")
+    __slots__ = ("_node_label_keys", "_one_per_node", "_queue_usage")
     _node_label_keys: frozenset[str]
     _one_per_node: bool
+    #: (gpu, cpu, memory) as :func:`scheduler.cluster.queue.pod_queue_usage` counts them.
+    _queue_usage: tuple[int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,15 +207,16 @@ class Pod(_PodMemo):
     @property
     def active(self) -> bool:
         """True while the pod holds or will hold node resources."""
-        return self.phase not in (PodPhase.SUCCEEDED, PodPhase.FAILED)
+        return self.phase not in _FINISHED
 
     @property
     def pending(self) -> bool:
         """True for a managed pod that still waits for a node (and is not gated)."""
+        # bound and active written out: every pass over the pods asks this of each one
         return (
             self.managed
-            and not self.bound
-            and self.active
+            and self.node_name is None
+            and self.phase not in _FINISHED
             and not self.deleting
             and not self.scheduling_gates
         )

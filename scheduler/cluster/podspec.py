@@ -114,8 +114,66 @@ def _max(a: Resources, b: Resources) -> Resources:
     return Resources({k: max(a[k], b[k]) for k in set(a) | set(b)})
 
 
+#: Effective requests by the resource-relevant part of a pod spec (see
+#: :func:`effective_requests`); bounded, cleared when full.
+_REQUESTS_MEMO: dict[tuple[Any, ...], Resources] = {}
+_REQUESTS_MEMO_SIZE = 4096
+
+
+def _quantities(value: Any) -> tuple[tuple[Any, Any], ...] | None:
+    return tuple(value.items()) if isinstance(value, dict) else None if value is None else ()
+
+
+def _requests_key(spec: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """What :func:`effective_requests` reads from ``spec``, as a hashable key; None when a
+    part is not a plain mapping (then nothing is memoised).
+
+    Pods of one Deployment, Job or gang share the same container resources, so a backlog
+    of thousands of pods has a handful of distinct keys: parsing their quantities again for
+    each pod was a third of the cost of taking a pod into the cache.
+    """
+    parts: list[Any] = []
+    for field in ("containers", "initContainers"):
+        for c in spec.get(field) or ():
+            if not isinstance(c, dict):
+                return None
+            res = c.get("resources") or {}
+            if not isinstance(res, dict):
+                return None
+            parts.append(
+                (
+                    field,
+                    _quantities(res.get("limits")),
+                    _quantities(res.get("requests")),
+                    c.get("restartPolicy"),
+                )
+            )
+    pod_level = spec.get("resources") or {}
+    if not isinstance(pod_level, dict):
+        return None
+    parts.append(_quantities(pod_level.get("requests")))
+    parts.append(_quantities(spec.get("overhead")))
+    return tuple(parts)
+
+
 def effective_requests(spec: Mapping[str, Any]) -> Resources:
     """The requests Kubernetes accounts for this pod spec (see module docstring)."""
+    key = _requests_key(spec)
+    try:
+        known = _REQUESTS_MEMO.get(key) if key is not None else None
+    except TypeError:  # an unhashable quantity (a list where a string belongs)
+        key = known = None
+    if known is not None:
+        return known
+    found = _effective_requests(spec)  # raises for unreadable input: never memoised
+    if key is not None:
+        if len(_REQUESTS_MEMO) >= _REQUESTS_MEMO_SIZE:
+            _REQUESTS_MEMO.clear()
+        _REQUESTS_MEMO[key] = found
+    return found
+
+
+def _effective_requests(spec: Mapping[str, Any]) -> Resources:
     apps = Resources()
     for i, c in enumerate(spec.get("containers") or []):
         apps = apps + _container_requests(c, f"spec.containers[{i}]")

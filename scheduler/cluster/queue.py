@@ -83,6 +83,18 @@ class QueueFinding:
 
 def pod_queue_usage(pod: Pod) -> dict[str, int]:
     """What a pod counts against its queue, in queue units (gpu milli, cpu milli, bytes)."""
+    # Asked of every pod several times a cycle (fair shares, validators, taking back), and
+    # pods are immutable: the numbers are kept on the pod; each caller gets its own dict.
+    known: tuple[int, int, int] | None = getattr(pod, "_queue_usage", None)
+    if known is not None:
+        return {"gpu": known[0], "cpu": known[1], "memory": known[2]}
+    use = _pod_queue_usage(pod)
+    if isinstance(pod, Pod):
+        object.__setattr__(pod, "_queue_usage", (use["gpu"], use["cpu"], use["memory"]))
+    return use
+
+
+def _pod_queue_usage(pod: Pod) -> dict[str, int]:
     if pod.gpu_grant:
         gpu = sum(m for _, m in pod.gpu_grant)
     elif pod.gpu is not None and pod.gpu.memory_mib is None:
@@ -181,6 +193,15 @@ class QueueTree:
 
     def ancestors(self, name: str) -> list[str]:
         """The queue itself then each parent up to the root."""
+        # Asked per gang and per charge, many times a cycle; the tree never changes: the
+        # chains are kept (in the instance dict; a frozen dataclass), each caller gets a list.
+        known: dict[str, tuple[str, ...]] = self.__dict__.setdefault("_ancestors", {})
+        chain = known.get(name)
+        if chain is None:
+            chain = known[name] = tuple(self._walk_up(name))
+        return list(chain)
+
+    def _walk_up(self, name: str) -> list[str]:
         chain = [name]
         seen = {name}
         while True:

@@ -54,6 +54,9 @@ __all__ = ["LiveBackend", "LiveCache"]
 
 log = structlog.get_logger("scheduler.commit")
 
+#: Longest stretch the commit assumes and dispatches gangs without letting binds run.
+_YIELD_EVERY_SECONDS = 0.02
+
 
 class LiveCache(Assumer, EvictionMarks, Protocol):
     """What the live backend needs from :class:`scheduler.cache.Cache`."""
@@ -194,7 +197,15 @@ class LiveBackend:
         ]
         leaving = {e.pod_uid for e in placement.evictions}
         skipped: list[GangCommit] = []
+        last_yield = time.perf_counter()
         for o in placed:
+            if time.perf_counter() - last_yield > _YIELD_EVERY_SECONDS:
+                # A cycle that placed thousands of gangs would hold the loop for a second
+                # assuming them all before the first bind goes out; let the binds already
+                # dispatched start meanwhile. Every gang is still assumed before commit
+                # returns, so the next snapshot counts them all.
+                await asyncio.sleep(0)
+                last_yield = time.perf_counter()
             if o.gang in self._binding or o.gang in self.nominations:
                 # Extra members of a gang whose earlier binds are still going out: the next
                 # cycle places them again once those have settled.
@@ -230,7 +241,10 @@ class LiveBackend:
         self._observe_nominations()
         self._unpublished.update({c.gang: c for c in skipped if c.failed})
         self._last = (snapshot, placement, report, cycle)
-        self._start_publish()
+        if not placement.deferred:
+            # A cycle that left gangs for the next one has no outcome for them: the next
+            # cycle (right after) publishes, with this one's bind results.
+            self._start_publish()
         return CommitResult(
             failed_gangs=tuple(c.gang for c in skipped if c.failed),
             failed_pods=sum(len(c.failed) for c in skipped),

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from scheduler.cluster.node import GPU_MILLI, Node, Taint
 from scheduler.cluster.pod import GpuRequest, Pod
-from scheduler.cluster.resources import GPU, PODS, Resources
+from scheduler.cluster.resources import GPU, PODS
 from scheduler.cluster.selectors import (
     NodeSelectorTerm,
     Toleration,
@@ -281,11 +281,15 @@ def pod_slots(shape: Shape, *, empty: bool = False) -> int | None:
 
 def pod_fits(pod: Pod, shape: Shape, *, empty: bool = False) -> bool:
     """True when ``pod`` fits the free part of ``shape`` (or the whole node if ``empty``)."""
-    resources: Mapping[str, int] = dict(shape.allocatable if empty else shape.free)
-    if not Resources(pod.requests).fits_in(resources):
-        return False
-    slots = pod_slots(shape, empty=empty)
-    if slots is not None and slots < 1:
+    # Asked for every pod of a gang against every shape (the explainer's packing): written
+    # out rather than through Resources/pod_slots, same rules.
+    resources = dict(shape.allocatable if empty else shape.free)
+    for r, v in pod.requests.items():
+        if v > 0 and v > resources.get(r, 0):
+            return False
+    # A node with a ``pods`` capacity needs a free slot (``resources`` holds what
+    # :func:`pod_slots` would read: allocatable if ``empty``, else free).
+    if shape.allocatable_of(PODS) > 0 and resources.get(PODS, 0) < 1:
         return False
     if pod.gpu is None:
         return True

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from scheduler.cluster.node import GPU_MILLI
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.quantity import format_milli
-from scheduler.cluster.resources import CPU, EPHEMERAL_STORAGE, GPU, MEMORY, PODS
+from scheduler.cluster.resources import CPU, EPHEMERAL_STORAGE, GPU, MEMORY, PODS, Resources
 from scheduler.explain.capacity import (
     FreeCapacity,
     Matching,
@@ -132,7 +132,8 @@ def gang_shortfall(group: Sequence[Pod], m: Matching, *, total_pods: int) -> str
     free (per resource); None when the totals fit."""
     count = len(group)
     whole = sum(p.gpu.count for p in group if p.gpu is not None and p.gpu.whole)
-    free_whole = sum(n * sum(1 for f in s.gpu_free if f >= GPU_MILLI) for s, n in m.shapes.items())
+    totals_of = _totals(m)
+    free_whole = totals_of.whole_gpus
     if whole > free_whole:
         return (
             f"gang needs {format_gpus(whole)} across {count} pods together; only "
@@ -144,7 +145,7 @@ def gang_shortfall(group: Sequence[Pod], m: Matching, *, total_pods: int) -> str
             continue
         sizes = [share_milli(p.gpu, s.gpu_memory_mib) for s in m.shapes]
         shared += p.gpu.count * min((x for x in sizes if x is not None), default=0)
-    free_milli = sum(n * sum(max(f, 0) for f in s.gpu_free) for s, n in m.shapes.items())
+    free_milli = totals_of.gpu_milli
     if shared and whole * GPU_MILLI + shared > free_milli:
         return (
             f"gang needs {format_milli(whole * GPU_MILLI + shared)} GPUs across {count} pods "
@@ -156,13 +157,13 @@ def gang_shortfall(group: Sequence[Pod], m: Matching, *, total_pods: int) -> str
             if r != GPU:
                 totals[r] += v
     for r, need in sorted(totals.items()):
-        free = sum(n * max(0, s.free_of(r)) for s, n in m.shapes.items())
+        free = totals_of.free(r)
         if need > free:
             return (
                 f"gang needs {format_amount(r, need)} across {count} pods together; only "
                 f"{_value(r, free)} free on matching nodes"
             )
-    slots = free_pod_slots(m)
+    slots = totals_of.pod_slots
     if slots is not None and count > slots:
         return (
             f"gang needs {count} pod slots across {count} pods together; only {slots} free "
@@ -170,6 +171,38 @@ def gang_shortfall(group: Sequence[Pod], m: Matching, *, total_pods: int) -> str
         )
     del total_pods  # the same message serves gangs whose pods have different rules
     return None
+
+
+class _Totals:
+    """What all matching nodes of a :class:`Matching` have free together, as
+    :func:`gang_shortfall` reads it. The same Matching is asked about by gang after gang
+    (one per distinct placement rules), each time summed over its shapes: summed once."""
+
+    __slots__ = ("_free", "gpu_milli", "m", "pod_slots", "whole_gpus")
+
+    def __init__(self, m: Matching) -> None:
+        self.m = m
+        shapes = m.shapes.items()
+        self.whole_gpus = sum(n * sum(1 for f in s.gpu_free if f >= GPU_MILLI) for s, n in shapes)
+        self.gpu_milli = sum(n * sum(max(f, 0) for f in s.gpu_free) for s, n in shapes)
+        self.pod_slots = free_pod_slots(m)
+        self._free: dict[str, int] = {}
+
+    def free(self, resource: str) -> int:
+        known = self._free.get(resource)
+        if known is None:
+            shapes = self.m.shapes.items()
+            known = self._free[resource] = sum(n * max(0, s.free_of(resource)) for s, n in shapes)
+        return known
+
+
+def _totals(m: Matching) -> _Totals:
+    """:class:`_Totals` of ``m``, kept on it (a Matching is not changed once
+    :class:`~scheduler.explain.capacity.FreeCapacity` has built it)."""
+    known: _Totals | None = m.__dict__.get("_totals")
+    if known is None:
+        known = m.__dict__["_totals"] = _Totals(m)
+    return known
 
 
 def free_pod_slots(m: Matching, *, empty: bool = False) -> int | None:
@@ -235,13 +268,45 @@ def pack_group(group: Sequence[Pod], shapes: Mapping[Shape, int]) -> bool:
     """True when first-fit decreasing (onto the fullest node that fits) places every pod of
     ``group`` on nodes of ``shapes`` (shape -> how many nodes)."""
     work = Counter(shapes)
+    # The pods of a group mostly share their size, and a shape's answer stays the same while
+    # it is in ``work``: fits and rooms are remembered per (pod size, shape), the shape known
+    # by identity (kept in the entry, so a recycled id is never mistaken for it).
+    fits: dict[tuple[Resources, tuple[int, int, int | None] | None], dict[int, tuple[Shape, bool]]]
+    fits = {}
+    rooms: dict[int, tuple[Shape, tuple[int, int, int]]] = {}
+    # What taking a pod of one size from a shape leaves (the same for every such pod).
+    taken: dict[tuple[object, int], tuple[Shape, Shape]] = {}
+
+    def room(shape: Shape) -> tuple[int, int, int]:
+        known = rooms.get(id(shape))
+        if known is not None and known[0] is shape:
+            return known[1]
+        value = _room(shape)
+        rooms[id(shape)] = (shape, value)
+        return value
+
     for pod in sorted(group, key=_size, reverse=True):
-        fitting = [s for s, n in work.items() if n > 0 and pod_fits(pod, s)]
+        gpu = pod.gpu
+        size = (gpu.count, gpu.milli, gpu.memory_mib) if gpu is not None else None
+        size_key = (pod.requests, size)
+        memo = fits.setdefault(size_key, {})
+        fitting: list[Shape] = []
+        for s, n in work.items():
+            if n <= 0:
+                continue
+            known = memo.get(id(s))
+            if known is None or known[0] is not s:
+                known = memo[id(s)] = (s, pod_fits(pod, s))
+            if known[1]:
+                fitting.append(s)
         if not fitting:
             return False
-        best = min(fitting, key=_room)
+        best = min(fitting, key=room)
         work[best] -= 1
-        work[_take(best, pod)] += 1
+        left = taken.get((size_key, id(best)))
+        if left is None or left[0] is not best:
+            left = taken[size_key, id(best)] = (best, _take(best, pod))
+        work[left[1]] += 1
     return True
 
 

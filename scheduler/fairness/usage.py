@@ -75,13 +75,16 @@ def queue_usage(snapshot: Snapshot) -> QueueUsage:
         gang = gangs.get(pod.gang)  # pod_queue, inlined: this loop sees every pod
         queue = gang.queue if gang is not None else pod.queue
         use = pod_queue_usage(pod)
-        rows = [into[queue]]
+        gpu, cpu, memory = use["gpu"], use["cpu"], use["memory"]
+        row = into[queue]
+        row["gpu"] += gpu
+        row["cpu"] += cpu
+        row["memory"] += memory
         if into is allocated and gang is not None and not gang.preemptible:
-            rows.append(non_preemptible[queue])
-        for row in rows:
-            row["gpu"] += use["gpu"]
-            row["cpu"] += use["cpu"]
-            row["memory"] += use["memory"]
+            row = non_preemptible[queue]
+            row["gpu"] += gpu
+            row["cpu"] += cpu
+            row["memory"] += memory
     return QueueUsage(allocated, pending, non_preemptible)
 
 

@@ -85,6 +85,8 @@ class _NodeAffinity:
     name = "NodeAffinity"
 
     def __call__(self, pod: Pod, node: FilterInput) -> str | None:
+        if not pod.node_selector and not pod.affinity:
+            return None  # nothing to match (and no label map to build for it)
         n = node.view.node
         labels = {**n.label_map, "metadata.name": n.name}
         if node_selector_matches(pod.node_selector, labels) and affinity_matches(

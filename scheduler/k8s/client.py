@@ -12,6 +12,7 @@ type.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -21,8 +22,10 @@ from typing import Any
 import aiohttp
 import structlog
 import yaml
+from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.config import ConfigException, load_incluster_config, load_kube_config
+from yarl import URL
 
 from scheduler.k8s.errors import ClientConfigError, KubeError, error_for_status, translate
 from scheduler.k8s.kubeconfig import check_kubeconfig
@@ -134,8 +137,35 @@ async def make_api_client(settings: ClientSettings) -> ApiClient:
         cfg.host = server
     if settings.api_secure is not None:
         cfg.verify_ssl = settings.api_secure
-    log.info("api_client", source=source, server=cfg.host, verify_tls=cfg.verify_ssl)
-    return ApiClient(configuration=cfg)
+    api = ApiClient(configuration=cfg)
+    proxy = _settle_proxy(api, cfg)
+    log.info("api_client", source=source, server=cfg.host, verify_tls=cfg.verify_ssl, proxy=proxy)
+    return api
+
+
+def _settle_proxy(api: ApiClient, cfg: Configuration) -> str | None:
+    """Read the proxy environment once, not on every request; the proxy in use (or None).
+
+    kubernetes-asyncio opens its aiohttp session with ``trust_env=True``, so every request
+    looks up ``$HTTPS_PROXY``/``$NO_PROXY`` and reads ``~/.netrc``, each in a worker thread:
+    two thread hops and a file read per bind, measured as the largest cost of a bind burst
+    (py-spy, 10,000 binds). The API server's address does not change, so the answer does
+    not either: it is looked up here, as client-go does through ``ProxyFromEnvironment``,
+    and the session stops asking. A proxy set in the kubeconfig wins over the environment.
+    (``.netrc`` credentials never apply: the scheduler authenticates with its token or
+    client certificate.)
+    """
+    rest = api.rest_client
+    if not rest.proxy and cfg.host:
+        with contextlib.suppress(LookupError, ValueError):
+            url, auth = get_env_proxy_for_url(URL(cfg.host))
+            rest.proxy = str(url)
+            if auth is not None:
+                rest.proxy_headers = {"Proxy-Authorization": auth.encode()}
+    # aiohttp has no public setter; the attribute is what ``ClientSession.trust_env`` reads
+    # (tests/unit/test_k8s_client.py fails if a new aiohttp moves it).
+    rest.pool_manager._trust_env = False
+    return str(rest.proxy) if rest.proxy else None
 
 
 def _query(params: Mapping[str, Any] | Sequence[tuple[str, Any]] | None) -> list[tuple[str, str]]:

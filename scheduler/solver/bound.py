@@ -114,10 +114,14 @@ def _capacity(classes: Sequence[ClassInfo], shapes: Sequence[Pod]) -> dict[int, 
             if d is not None and d[1] and d[2] >= GPU_MILLI:
                 caps.whole[d[1]] = 0
         caps.whole[1] = 0
+    # _most depends only on the free state and the demand: classes that differ only in
+    # their static traits (every node its own class, once pods select by hostname) share it.
+    known: dict[tuple[Demand, object, object], int] = {}
     for info in classes:
         n = len(info.members)
         caps = out[info.key[0]]
         free, gpu_free = info.free, info.gpu_free
+        free_key, gpu_key = info.key[1], info.key[2]  # the same free state, hashable
         for r, v in free.items():
             caps.resources[r] += n * max(0, v)
         caps.milli += n * sum(max(0, f) for f in gpu_free)
@@ -126,7 +130,10 @@ def _capacity(classes: Sequence[ClassInfo], shapes: Sequence[Pod]) -> dict[int, 
             caps.whole[k] += n * k * (wholly // k)
         for s, d in caps.demand.items():
             if d is not None:
-                caps.most[s] += n * _most(free, gpu_free, d)
+                most = known.get((d, free_key, gpu_key))
+                if most is None:
+                    most = known[d, free_key, gpu_key] = _most(free, gpu_free, d)
+                caps.most[s] += n * most
     return out
 
 

@@ -164,6 +164,9 @@ class Placement:
     explain_seconds: float = 0.0
     #: Wall-clock seconds of the whole solve() call.
     total_seconds: float = 0.0
+    #: Pending gangs left for the next cycle by a gang budget (``solve(max_gangs=...)``):
+    #: neither placed nor explained here, so they have no outcome.
+    deferred: frozenset[str] = frozenset()
     #: Problems the validator found (empty = valid). A non-empty list never leaves the solver:
     #: it falls back to greedy, and to nothing if greedy is invalid too.
     violations: tuple[str, ...] = ()

@@ -47,6 +47,7 @@ from scheduler.framework.scoring import NodeScorer
 from scheduler.plugins.fragmentation import scorer_for_snapshot
 from scheduler.plugins.packing import PackingScorer
 from scheduler.solver.cpsat import CpResult
+from scheduler.solver.cpsat_topology import place_ruled_exactly
 from scheduler.solver.greedy import GreedyResult, place_gangs
 from scheduler.solver.hybrid import current_classes
 from scheduler.solver.outcomes import capacities, gang_outcomes
@@ -103,15 +104,31 @@ def solve(
     *,
     scorer: NodeScorer | None = None,
     cycle: int | None = None,
+    max_gangs: int | None = None,
 ) -> Placement:
     """Place pending gangs of ``snapshot``; synchronous (run it in a worker thread).
 
     Every pending gang gets a :class:`GangOutcome`; unplaced ones carry the reason from
     :func:`scheduler.explain.explain_unplaced`. The returned assignments passed
     :func:`validate`; if neither engine produced a valid answer, nothing is placed.
+
+    ``max_gangs``: consider only the first that many placeable gangs in admission order;
+    the others are left for the next cycle (:attr:`Placement.deferred`, no outcome). The
+    live loop uses it for its first cycle, so that after a restart the first binds do not
+    wait for a solve of the whole backlog.
     """
     with collector_paused():
-        return _solve(snapshot, settings, report, scorer=scorer, cycle=cycle)
+        return _solve(snapshot, settings, report, scorer=scorer, cycle=cycle, max_gangs=max_gangs)
+
+
+def _first_gangs(problem: Problem, max_gangs: int) -> tuple[Problem, frozenset[str]]:
+    """``problem`` with only its first ``max_gangs`` placeable gangs (admission order); the
+    keys of the others. Gangs that are not placeable keep their outcomes (they are only
+    explained, which costs little)."""
+    kept, rest = problem.order[:max_gangs], problem.order[max_gangs:]
+    deferred = frozenset(g.key for g in rest)
+    pending = {k: g for k, g in problem.pending.items() if k not in deferred}
+    return Problem(problem.snapshot, problem.report, pending, kept), deferred
 
 
 def _solve(
@@ -121,6 +138,7 @@ def _solve(
     *,
     scorer: NodeScorer | None,
     cycle: int | None,
+    max_gangs: int | None = None,
 ) -> Placement:
     started = time.perf_counter()
     phases: dict[str, float] = {}
@@ -135,6 +153,9 @@ def _solve(
     report = report if report is not None else compute_fair_shares(snapshot)
     lap("fair_share")
     problem = build_problem(snapshot, report)
+    deferred: frozenset[str] = frozenset()
+    if max_gangs is not None and 0 < max_gangs < len(problem.order):
+        problem, deferred = _first_gangs(problem, max_gangs)
     lap("problem")
     if not problem.pending:
         return Placement(status=SolveStatus.EMPTY, build_seconds=time.perf_counter() - started)
@@ -173,6 +194,11 @@ def _solve(
     topology = topology_gang_sets(snapshot, problem)
     if any(p.topology_rules for g in problem.order for p in g.required):
         greedy = place_ruled_again(snapshot, problem, topology.ruled, state, greedy, cycle)
+    if topology.ruled and not settings.greedy_only:
+        # Small instances: a pod-level exact search for the ruled gangs (skips large ones).
+        greedy = place_ruled_exactly(
+            snapshot, problem, topology.ruled, state, greedy, settings, cycle
+        )
     build_seconds = time.perf_counter() - started
     lap("greedy")
     candidates: list[tuple[SolveStatus, list[PodAssignment]]] = []
@@ -247,6 +273,7 @@ def _solve(
         violations=tuple(all_violations),
         explain_seconds=explain_seconds,
         total_seconds=time.perf_counter() - started,
+        deferred=deferred,
     )
     log.info(
         "solved",

@@ -113,16 +113,22 @@ def _node_order(
     large pods needs whole nodes' worth of room."""
     on_node: dict[str, list[int]] = defaultdict(list)
     for i in useful:
-        for n in units[i].nodes & accepting:
-            on_node[n].append(i)
+        for n in units[i].nodes:  # not ``& accepting``: no set per unit
+            if n in accepting:
+                on_node[n].append(i)
 
     def node_key(n: str) -> tuple[float, str]:
-        slot = state.nodes[n]
-        freed = sum(1 for f in slot.gpu_free if f >= GPU_MILLI)
-        freed += sum(
-            len(p.gpu_grant) for i in on_node[n] for p in units[i].pods if p.node_name == n
-        )
-        total = sum(cost[i] for i in on_node[n])
+        # Loops rather than sums over generators: asked for every node hosting a victim.
+        freed = 0
+        for f in state.nodes[n].gpu_free:
+            if f >= GPU_MILLI:
+                freed += 1
+        total = 0
+        for i in on_node[n]:
+            total += cost[i]
+            for p in units[i].pods:
+                if p.node_name == n:
+                    freed += len(p.gpu_grant)
         return (total / max(1, freed), n)
 
     order: list[int] = []

@@ -7,6 +7,7 @@ solve itself, hinted with and falling back to the greedy choice of :mod:`.takeba
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -17,7 +18,7 @@ from scheduler.cluster.snapshot import Snapshot
 from scheduler.solver.greedy import GangRequest, shape_key
 from scheduler.solver.placement import EvictAction
 from scheduler.solver.queues import QueueBook
-from scheduler.solver.state import ClusterState
+from scheduler.solver.state import ClusterState, NodeSlot, uses_node_name
 from scheduler.solver.takeback_greedy import Choice, choice_cost, greedy_choice
 from scheduler.solver.victims import Unit, branch_pair, victim_rooms
 
@@ -41,8 +42,12 @@ def unit_costs(units: Sequence[Unit], now: float) -> list[int]:
     gang costs more than all the work of every unit together, more the higher its priority
     ranks among the units; then its work. One list per cycle, shared by every gang."""
     ranks = {p: i for i, p in enumerate(sorted({u.priority for u in units}))}
-    scale = sum(u.work(now) for u in units) + 1
-    return [((1 + ranks[u.priority]) * scale if u.whole else 0) + u.work(now) for u in units]
+    work = [u.work(now) for u in units]
+    scale = sum(work) + 1
+    return [
+        ((1 + ranks[u.priority]) * scale if u.whole else 0) + w
+        for u, w in zip(units, work, strict=True)
+    ]
 
 
 def solve_gang(
@@ -83,24 +88,34 @@ def solve_gang(
             roomy.update(names)
     floor = _min_milli_to_free(g, state, accepting)
     victim_nodes: dict[str, list[Unit]] = defaultdict(list)
+    # Membership tests rather than ``nodes & accepting``: a set built per unit, for every
+    # running gang of the cluster (which node comes first does not matter: lists are
+    # appended in unit order, and the nodes are sorted below).
     for i in actions:
-        for n in units[i].nodes & accepting:
-            victim_nodes[n].append(units[i])
+        u = units[i]
+        for n in u.nodes:
+            if n in accepting:
+                victim_nodes[n].append(u)
     if not victim_nodes and not movable:
         return None
     for u in movable:
-        for n in u.nodes & accepting:
-            victim_nodes[n].append(u)
-    with_room = sorted(
+        for n in u.nodes:
+            if n in accepting:
+                victim_nodes[n].append(u)
+    # Only the first nodes of each order are taken: nsmallest is sorted(...)[:k] (the keys
+    # end with the node name, so there are no ties), without sorting every victim's node.
+    chosen_nodes = heapq.nsmallest(
+        MAX_MODEL_NODES // 4,
         (n for n in roomy if n not in victim_nodes),
         key=lambda n: (-sum(state.nodes[n].gpu_free), n),
     )
+
     # Cheapest freed GPU first when the node set must be cut.
-    ordered_victim_nodes = sorted(
-        victim_nodes, key=lambda n: (min(cost[u.id] for u in victim_nodes[n]), n)
-    )
-    chosen_nodes = with_room[: MAX_MODEL_NODES // 4]
-    chosen_nodes += ordered_victim_nodes[: MAX_MODEL_NODES - len(chosen_nodes)]
+    def cheapest(n: str) -> tuple[int, str]:
+        here = victim_nodes[n]  # mostly one unit: no generator for it
+        return (cost[here[0].id] if len(here) == 1 else min(cost[u.id] for u in here), n)
+
+    chosen_nodes += heapq.nsmallest(MAX_MODEL_NODES - len(chosen_nodes), victim_nodes, key=cheapest)
     # Only units with a pod on a node of the model can make room in it.
     in_model = {u.id for n in chosen_nodes for u in victim_nodes.get(n, ())}
     candidates = [units[i] for i in actions if i in in_model]
@@ -148,15 +163,20 @@ def solve_gang(
             demands.append((f"m{u.id}", pods[0], len(pods), m[u.id]))
     per_node: dict[str, list[tuple[int, cp_model.IntVar]]] = defaultdict(list)
     placed_of: dict[int, list[cp_model.IntVar]] = defaultdict(list)
+    # Whether a pod may go to a node at all (taints, selector, affinity, allocatable) depends
+    # on the node's static traits only: asked once per (demand, traits), not per node (the
+    # state keeps the label keys pods select on; a pod naming nodes is asked per node).
+    by_traits = [not uses_node_name(pod) for _, pod, _, _ in demands]
+    eligible: dict[tuple[int, int], bool] = {}
     for n in chosen_nodes:
         slot = state.nodes[n]
         for k, (_, pod, count, _) in enumerate(demands):
-            if not pod.accepts(slot.node):
-                continue
-            d = state.demand_on(pod, slot)
-            if d is None or any(
-                v > slot.node.allocatable.get(r, 0) for r, v in d.requests.items() if r != "pods"
-            ):
+            ok = eligible.get((k, slot.static_id)) if by_traits[k] else None
+            if ok is None:
+                ok = pod.accepts(slot.node) and _within_allocatable(state, pod, slot)
+                if by_traits[k]:
+                    eligible[k, slot.static_id] = ok
+            if not ok:
                 continue
             v = model.new_int_var(0, count, f"x{k}_{n}")
             per_node[n].append((k, v))
@@ -188,13 +208,15 @@ def solve_gang(
     for n in chosen_nodes:
         slot = state.nodes[n]
         here = [u for u in victim_nodes.get(n, ()) if u.id in frees]
+        # Each placed demand's requests on this node, looked up once (not once per resource).
+        asked = [(state.demand_on(demands[k][1], slot), v) for k, v in per_node[n]]
         resources: set[str] = set(slot.free)
-        for k, _ in per_node[n]:
-            resources |= set(state.demand_on(demands[k][1], slot).requests)  # type: ignore[union-attr]
+        for d, _ in asked:
+            resources |= set(d.requests)  # type: ignore[union-attr]
         for r in sorted(resources):
             load = []
-            for k, v in per_node[n]:
-                need = state.demand_on(demands[k][1], slot).requests.get(r, 0)  # type: ignore[union-attr]
+            for d, v in asked:
+                need = d.requests.get(r, 0)  # type: ignore[union-attr]
                 if need:
                     load.append(need * v)
             if not load:
@@ -204,8 +226,7 @@ def solve_gang(
         # Devices.
         whole_load = []
         share_load = []
-        for k, v in per_node[n]:
-            d = state.demand_on(demands[k][1], slot)
+        for d, v in asked:
             if d is None or not d.gpu_count:
                 continue
             if d.gpu_milli >= GPU_MILLI:
@@ -275,6 +296,14 @@ def solve_gang(
     if hint is not None:
         hint.floor = floor
     return hint
+
+
+def _within_allocatable(state: ClusterState, pod: Pod, slot: NodeSlot) -> bool:
+    """The pod can be sized on the node and asks for no more than it has (pods aside)."""
+    d = state.demand_on(pod, slot)
+    return d is not None and not any(
+        v > slot.node.allocatable.get(r, 0) for r, v in d.requests.items() if r != "pods"
+    )
 
 
 def _held(state: ClusterState, u: Unit) -> dict[str, tuple[dict[str, int], dict[int, int]]]:

@@ -118,7 +118,9 @@ def validate(
         if not node.schedulable:
             out.append(f"pod {pod.key}: node {node.name} is cordoned or NotReady")
         # Same rules on nodes with the same labels and taints give the same answer.
-        by_name = any(r.key == "metadata.name" for t in pod.affinity for r in t.requirements)
+        by_name = bool(pod.affinity) and any(
+            r.key == "metadata.name" for t in pod.affinity for r in t.requirements
+        )
         rule_key = (
             pod.tolerations,
             pod.node_selector,
@@ -142,10 +144,11 @@ def validate(
                 f"granted {list(a.gpu_grant)}"
             )
         else:
+            devices = node.gpu_count if a.gpu_grant else 0
             for i, milli in a.gpu_grant:
                 if milli != expected[1]:
                     out.append(f"pod {pod.key}: device {i} granted {milli}, needs {expected[1]}")
-                if not 0 <= i < node.gpu_count:
+                if not 0 <= i < devices:
                     out.append(f"pod {pod.key}: node {node.name} has no device {i}")
         for i, milli in a.gpu_grant:
             device_take[(node.name, i)] += milli
@@ -204,8 +207,10 @@ def _queue_violations(
     new_np: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
     out: list[str] = []
     usable: dict[str, bool] = {}  # per queue: exists, valid and a leaf
+    gangs = snapshot.gang_by_key
     for pod, a in placed:
-        queue = _queue_of(snapshot, pod)
+        gang = gangs.get(pod.gang)
+        queue = gang.queue if gang is not None else pod.queue  # _queue_of, inlined
         ok = usable.get(queue)
         if ok is None:
             ok = usable[queue] = queue in tree and queue not in tree.broken and tree.is_leaf(queue)
@@ -215,7 +220,6 @@ def _queue_violations(
         use = pod_queue_usage(pod)
         if a.gpu_grant:  # what the pod will hold is its grant (as pod_queue_usage counts it)
             use["gpu"] = sum(m for _, m in a.gpu_grant)
-        gang = snapshot.gang_by_key.get(pod.gang)
         row = new_by_leaf[queue]
         for r, v in use.items():
             row[r] += v
@@ -288,12 +292,13 @@ def _running_usage(snapshot: Snapshot) -> tuple[_Usage, _Usage]:
         return cached[1], cached[2]
     by_leaf: _Usage = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
     np_by_leaf: _Usage = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
+    gangs = snapshot.gang_by_key
     for p in snapshot.pods:
         if p.node_name is None or not p.managed or not p.active:
             continue
-        queue = _queue_of(snapshot, p)
+        gang = gangs.get(p.gang)
+        queue = gang.queue if gang is not None else p.queue  # _queue_of, inlined
         row = by_leaf[queue]
-        gang = snapshot.gang_by_key.get(p.gang)
         np_row = np_by_leaf[queue] if gang is not None and not gang.preemptible else None
         for r, v in pod_queue_usage(p).items():
             row[r] += v

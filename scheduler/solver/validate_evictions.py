@@ -135,9 +135,18 @@ def validate_evictions(
         gang = gangs.get(pod.gang)
         return gang.queue if gang is not None else pod.queue
 
+    # The plain placements summed per queue first, then charged up its chain once (the
+    # same totals as pod by pod; a cycle places thousands of pods into a few queues).
+    placed_in: dict[str, dict[str, int]] = {}
     for a in placed:
-        if a.pod_uid in pods:
-            charge(queue_of(pods[a.pod_uid]), pod_queue_usage(pods[a.pod_uid]), 1)
+        pod = pods.get(a.pod_uid)
+        if pod is not None:
+            row = placed_in.setdefault(queue_of(pod), dict.fromkeys(QUEUE_RESOURCES, 0))
+            use = pod_queue_usage(pod)
+            for r in QUEUE_RESOURCES:
+                row[r] += use.get(r, 0)
+    for queue, total in placed_in.items():
+        charge(queue, total, 1)
     nominated_by_gang: dict[str, list[PodAssignment]] = defaultdict(list)
     for a in nominated:
         nominated_by_gang[a.gang].append(a)

@@ -234,11 +234,13 @@ def topology_violations(
     are counted, not judged again."""
     pods = snapshot.pod_by_uid
     placed = [(pods[a.pod_uid], a) for a in assignments if a.pod_uid in pods]
-    running = [p for p in snapshot.pods if p.bound and p.active and p.uid not in evicted]
+    # Nothing to replay when no placed pod has rules (anti-affinity among them) and no
+    # running pod has anti-affinity; asked before the running pods are listed.
     if not any(p.topology_rules for p, _ in placed) and not any(
-        p.pod_anti_affinity for p in (*running, *(p for p, _ in placed))
+        p.pod_anti_affinity and p.bound and p.active and p.uid not in evicted for p in snapshot.pods
     ):
         return []
+    running = [p for p in snapshot.pods if p.bound and p.active and p.uid not in evicted]
     replay = _Replay(snapshot.node_by_name, running)
     out = []
     for k, (pod, a) in enumerate(placed):

@@ -96,8 +96,15 @@ def build_units(snapshot: Snapshot) -> list[Unit]:
     """Every running, preemptible, managed gang as a whole unit, plus one shrink unit per pod
     of an elastic gang beyond ``minMember`` (the most recently started pods go first)."""
     running: dict[str, list[Pod]] = defaultdict(list)
+    # Gangs with a pod already being taken down, from the same pass (rather than a look at
+    # each gang's pods afterwards: the snapshot holds every running pod of the cluster).
+    deleting: set[str] = set()
     for p in snapshot.pods:
-        if p.managed and p.node_name and p.active and not p.deleting and not p.nominated:
+        if p.deleting:
+            if p.gang:
+                deleting.add(p.gang)
+            continue
+        if p.managed and p.node_name and p.active and not p.nominated:
             running[p.gang].append(p)
     units: list[Unit] = []
     gangs = snapshot.gang_by_key
@@ -105,22 +112,56 @@ def build_units(snapshot: Snapshot) -> list[Unit]:
         gang = gangs.get(key)
         if gang is None or not gang.preemptible:
             continue
-        pods = sorted(running[key], key=lambda p: (p.started, p.uid))
-        if any(p.deleting for p in snapshot.pods_by_gang.get(key, ())):
+        if key in deleting:
             continue  # already being taken down: its space is on its way back
-        units.append(_unit(len(units), gang, pods, whole=True))
-        for p in reversed(pods[gang.min_member :]):
-            units.append(_unit(len(units), gang, [p], whole=False))
+        pods = running[key]
+        if len(pods) > 1:
+            pods.sort(key=lambda p: (p.started, p.uid))
+        # Each pod's usage once: it counts in its gang's unit and in its own shrink unit.
+        uses = [pod_queue_usage(p) for p in pods]
+        units.append(_unit(len(units), gang, pods, uses, whole=True))
+        for i in reversed(range(len(pods))[gang.min_member :]):  # as pods[min_member:]
+            units.append(_unit(len(units), gang, pods[i : i + 1], uses[i : i + 1], whole=False))
     return units
 
 
-def _unit(uid: int, gang: Gang, pods: Sequence[Pod], *, whole: bool) -> Unit:
-    usage = dict.fromkeys(QUEUE_RESOURCES, 0)
-    for p in pods:
-        for r, v in pod_queue_usage(p).items():
-            usage[r] += v
-    started = min(p.started for p in pods)
-    return Unit(uid, gang.key, gang.queue, gang.priority, tuple(pods), whole, started, usage)
+def _unit(
+    uid: int,
+    gang: Gang,
+    pods: Sequence[Pod],
+    uses: Sequence[Mapping[str, int]],
+    *,
+    whole: bool,
+) -> Unit:
+    if len(pods) == 1:  # most units: one pod (a one-pod gang, or a shrink)
+        first = pods[0]
+        usage = dict(uses[0])  # pod_queue_usage's keys, in QUEUE_RESOURCES order
+        started = first.started
+        nodes = frozenset((first.node_name,)) if first.node_name else frozenset()
+    else:
+        usage = dict.fromkeys(QUEUE_RESOURCES, 0)
+        for use in uses:
+            for r, v in use.items():
+                usage[r] += v
+        started = min(p.started for p in pods)
+        nodes = frozenset(p.node_name for p in pods if p.node_name)
+    # Built as the frozen dataclass's __init__ would (fields in the instance dict; no
+    # __post_init__), at a third of its cost: a cycle builds one unit per running gang.
+    # ``nodes`` is what the cached property computes on first use (it takes a lock per
+    # first use, and every unit of a cycle is asked).
+    unit = object.__new__(Unit)
+    unit.__dict__.update(
+        id=uid,
+        gang=gang.key,
+        queue=gang.queue,
+        priority=gang.priority,
+        pods=tuple(pods),
+        whole=whole,
+        started=started,
+        usage=usage,
+        nodes=nodes,
+    )
+    return unit
 
 
 def branch_pair(tree: QueueTree, mine: str, theirs: str) -> tuple[str, str]:

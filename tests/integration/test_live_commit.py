@@ -169,3 +169,54 @@ async def test_scheduling_goes_on_when_a_crd_is_not_installed(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+class RecordingWriter(Writer):
+    """A real writer that notes how many pods the cache had assumed when its first bind went out."""
+
+    def __init__(self, api: ApiClient, cache: Cache) -> None:
+        super().__init__(api)
+        self.cache = cache
+        self.assumed_at_first_bind: int | None = None
+
+    async def bind(self, *args: Any, **kwargs: Any) -> Any:
+        if self.assumed_at_first_bind is None:
+            self.assumed_at_first_bind = len(self.cache.assumed())
+        return await super().bind(*args, **kwargs)
+
+
+async def test_binds_go_out_while_a_big_placement_is_still_being_assumed(
+    control_plane: ControlPlane,
+    api: ApiClient,
+    namespace: str,
+    make_gpu_nodes: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The commit lets dispatched binds run while it assumes the rest (every 20 ms; here after
+    every gang), so a cycle that placed thousands of gangs does not hold its first bind back
+    until all are assumed. All are assumed by the time the commit returns."""
+    import scheduler.commit.backend as backend_module
+
+    monkeypatch.setattr(backend_module, "_YIELD_EVERY_SECONDS", 0.0)
+    cp = control_plane
+    await asyncio.to_thread(make_gpu_nodes, 1, gpus=8, name_prefix=f"{namespace}-n")
+    count = 30
+    items = [json.loads(gpu_pod(f"p{i}", gpus=0)) for i in range(count)]
+    await kubectl(
+        cp, "apply", "-n", namespace, "-f", "-",
+        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+    )  # fmt: skip
+    cache = Cache(SCHED, "default-queue")
+    await list_once(api, cache)
+    writer = RecordingWriter(api, cache)
+    backend = LiveBackend(cache, writer)
+    report = await run_cycle(backend, SETTINGS, 1)
+    assert report.commit.dispatched_pods == count, report.placement.outcomes
+    # Every pod was assumed before the commit returned...
+    assert len(cache.assumed()) == count
+    await backend.flush()
+    # ...but the first bind did not wait for the last assumption.
+    assert writer.assumed_at_first_bind is not None
+    assert writer.assumed_at_first_bind < count
+    for i in range(count):
+        assert (await get_pod(api, namespace, f"p{i}"))["spec"].get("nodeName"), f"p{i} unbound"

@@ -207,10 +207,15 @@ class Recorder:
             self.objects[key] = obj
 
     def relisted(self, kind: str, objs: Any) -> None:
-        self.relists += 1
         self.objects = {}
         for obj in objs:
             self.apply(kind, "ADDED", obj)
+        self.relists += 1
+
+    def relist_done(self, kind: str, listed: Any) -> None:
+        self.relists += 1
+        keep = {f"{ns or None}/{name}" for ns, name in listed}
+        self.objects = {k: v for k, v in self.objects.items() if k in keep}
 
 
 async def first_watch_event(api: Any, kind: ResourceKind, rv: str) -> dict[str, Any]:
@@ -252,6 +257,55 @@ async def expire_history(cp: ControlPlane, api: Any, namespace: str) -> None:
         if event.get("type") == "ERROR" and event["object"].get("code") == 410:
             return
     raise AssertionError("the API server still serves resourceVersion 1 after 5 bursts of churn")
+
+
+@pytest.mark.e2e
+async def test_a_paged_list_applies_each_page_and_removes_what_is_gone_at_the_end(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    """Pages go into the sink as they arrive (the next is fetched meanwhile); an object the
+    sink held that the list does not name is removed only once the last page is in."""
+    leases = [
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": f"paged-{i}"},
+            "spec": {"holderIdentity": f"h{i}"},
+        }
+        for i in range(7)
+    ]
+    manifest = json.dumps({"apiVersion": "v1", "kind": "List", "items": leases})
+    await kubectl(control_plane, "apply", "-n", namespace, "-f", "-", input=manifest)
+    api = await make_api_client(admin(control_plane))
+    try:
+
+        class Ordered(Recorder):
+            def __init__(self) -> None:
+                super().__init__()
+                self.calls: list[str] = []
+
+            def apply(self, kind: str, event_type: str, obj: dict[str, Any]) -> None:
+                self.calls.append(obj["metadata"]["name"])
+                super().apply(kind, event_type, obj)
+
+            def relist_done(self, kind: str, listed: Any) -> None:
+                self.calls.append(f"done:{len(listed)}")
+                super().relist_done(kind, listed)
+
+        sink = Ordered()
+        sink.objects[f"{namespace}/gone-lease"] = {"metadata": {"name": "gone-lease"}}
+        settings = WatchSettings(
+            page_size=2, watch_timeout=2, backoff_base=0.1, backoff_max=0.5, read_grace=5
+        )
+        watcher = Watcher(api, sink, [LEASE], settings=settings)
+        await watcher.run(iterations=1)
+        ours = {k for k in sink.objects if k.startswith(f"{namespace}/")}
+        assert ours == {f"{namespace}/paged-{i}" for i in range(7)}
+        assert sink.calls[-1].startswith("done:") and sink.relists == 1
+        # Every lease of the cluster was applied before the end, one call each.
+        assert len(sink.calls) - 1 == int(sink.calls[-1].split(":")[1])
+    finally:
+        await api.close()
 
 
 @pytest.mark.e2e
@@ -535,10 +589,10 @@ def test_translate_maps_statuses_and_chains_the_cause() -> None:
 @pytest.mark.e2e
 async def test_a_crashing_kind_task_stops_the_watcher(control_plane: ControlPlane) -> None:
     class Broken(Recorder):
-        def relisted(self, kind: str, objs: Any) -> None:
+        def relist_done(self, kind: str, listed: Any) -> None:
             if kind == "Node":
                 raise RuntimeError("bug in the sink")
-            super().relisted(kind, objs)
+            super().relist_done(kind, listed)
 
     api = await make_api_client(admin(control_plane))
     try:

@@ -138,6 +138,36 @@ def test_effective_requests_errors_name_the_field(spec: dict[str, Any], field: s
     assert err.value.field == field
 
 
+def test_effective_requests_memo_tells_specs_apart_and_never_keeps_errors() -> None:
+    """Specs that differ in any resource-relevant part get their own answer, however many
+    were seen before; an unreadable spec fails every time, also after a readable twin."""
+
+    def spec(cpu: str, *, init: str | None = None, policy: str | None = None) -> dict[str, Any]:
+        s: dict[str, Any] = {"containers": [{"resources": {"requests": {"cpu": cpu}}}]}
+        if init is not None:
+            c: dict[str, Any] = {"resources": {"requests": {"cpu": init}}}
+            if policy:
+                c["restartPolicy"] = policy
+            s["initContainers"] = [c]
+        return s
+
+    for _ in range(2):  # the second round is answered from the memo
+        assert effective_requests(spec("1")) == Resources({"cpu": 1000})
+        assert effective_requests(spec("2")) == Resources({"cpu": 2000})
+        assert effective_requests(spec("1", init="3")) == Resources({"cpu": 3000})
+        # A sidecar (restartPolicy Always) adds to the app containers instead.
+        assert effective_requests(spec("1", init="3", policy="Always")) == Resources({"cpu": 4000})
+        with_limit = {"containers": [{"resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}]}
+        assert effective_requests(with_limit) == Resources({"cpu": 1000, "memory": 2**30})
+        assert effective_requests({**spec("1"), "overhead": {"cpu": "250m"}}) == Resources(
+            {"cpu": 1250}
+        )
+        with pytest.raises(PodSpecError):
+            effective_requests(spec("lots"))
+        with pytest.raises(PodSpecError):  # unhashable where a quantity belongs
+            effective_requests({"containers": [{"resources": {"requests": {"cpu": ["1"]}}}]})
+
+
 # --- GPU annotations ---------------------------------------------------------------------
 
 

@@ -86,9 +86,12 @@ def _hand_reclaim(
     report: FairShareReport | None = None,
     *,
     cycle: int | None = None,
+    max_gangs: int | None = None,
 ) -> Placement:
     """The solver without take-back; when team-b/job waits, team-a/two makes room for it."""
-    placement = solve(snapshot, replace(settings, take_back=False), report, cycle=cycle)
+    placement = solve(
+        snapshot, replace(settings, take_back=False), report, cycle=cycle, max_gangs=max_gangs
+    )
     outcome = placement.outcomes.get("team-b/job")
     if outcome is None or outcome.placed:
         return placement
