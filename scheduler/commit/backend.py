@@ -112,8 +112,11 @@ class LiveBackend:
         clock: Callable[[], float] = time.monotonic,
         grace: Callable[[Gang], float] | None = None,
         nomination_timeout: float = DEFAULT_NOMINATION_TIMEOUT,
+        yield_every: float = _YIELD_EVERY_SECONDS,
     ) -> None:
         self.cache = cache
+        #: Longest stretch a commit assumes and dispatches gangs without letting binds run.
+        self.yield_every = yield_every
         self.writer = writer
         self.is_leader = is_leader
         self.metrics = metrics
@@ -199,7 +202,7 @@ class LiveBackend:
         skipped: list[GangCommit] = []
         last_yield = time.perf_counter()
         for o in placed:
-            if time.perf_counter() - last_yield > _YIELD_EVERY_SECONDS:
+            if time.perf_counter() - last_yield > self.yield_every:
                 # A cycle that placed thousands of gangs would hold the loop for a second
                 # assuming them all before the first bind goes out; let the binds already
                 # dispatched start meanwhile. Every gang is still assumed before commit

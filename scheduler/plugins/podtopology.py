@@ -35,7 +35,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 
-from scheduler.cluster.node import Node
+from scheduler.cluster.node import Node, Taint
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.podaffinity import LabelSelector, PodAffinityTerm, SpreadConstraint
 from scheduler.cluster.selectors import affinity_matches, node_selector_matches, tolerates
@@ -49,6 +49,7 @@ __all__ = [
     "NodeCheck",
     "PodTopology",
     "Preference",
+    "spread_eligible_nodes",
 ]
 
 #: Reasons, worded as kube-scheduler words them (users search for these).
@@ -61,6 +62,34 @@ SPREAD_LABEL = "node(s) didn't match pod topology spread constraints (missing re
 
 #: Per node: how well it meets a pod's preferences (:meth:`PodTopology.preference`).
 Preference = Callable[[str], tuple[float, float, float]]
+
+
+def spread_eligible_nodes(
+    pod: Pod,
+    c: SpreadConstraint,
+    keys: tuple[str, ...],
+    nodes: Iterable[tuple[str, tuple[Taint, ...]]],
+    labels: Mapping[str, Mapping[str, str]],
+) -> frozenset[str]:
+    """The nodes a spread constraint of ``pod`` counts, as kube-scheduler's PodTopologySpread
+    does: nodes carrying every key in ``keys`` (all of the pod's constraints' keys), that
+    match the pod's node selector and own required affinity unless ``nodeAffinityPolicy``
+    ignores them, and whose taints it tolerates when ``nodeTaintsPolicy`` honours them.
+    ``nodes``: (name, taints) pairs; ``labels``: each node's labels."""
+    out = []
+    for name, taints in nodes:
+        node_labels = labels[name]
+        if any(k not in node_labels for k in keys):
+            continue
+        if c.honor_affinity and not (
+            node_selector_matches(pod.node_selector, node_labels)
+            and affinity_matches(pod.own_affinity, {**node_labels, "metadata.name": name})
+        ):
+            continue
+        if c.honor_taints and not tolerates(pod.tolerations, taints):
+            continue
+        out.append(name)
+    return frozenset(out)
 
 
 class NodeCheck:
@@ -284,20 +313,9 @@ class PodTopology:
         got = self._eligible.get(sig)
         if got is not None:
             return got
-        out = []
-        for name, node in self._nodes.items():
-            labels = self._labels[name]
-            if any(k not in labels for k in keys):
-                continue
-            if c.honor_affinity and not (
-                node_selector_matches(pod.node_selector, labels)
-                and affinity_matches(pod.own_affinity, {**labels, "metadata.name": name})
-            ):
-                continue
-            if c.honor_taints and not tolerates(pod.tolerations, node.taints):
-                continue
-            out.append(name)
-        got = self._eligible[sig] = frozenset(out)
+        got = self._eligible[sig] = spread_eligible_nodes(
+            pod, c, keys, ((name, node.taints) for name, node in self._nodes.items()), self._labels
+        )
         return got
 
     def _spread_tally(

@@ -73,9 +73,9 @@ from scheduler.cluster.node import GPU_MILLI
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.podaffinity import LabelSelector, PodAffinityTerm, SpreadConstraint
 from scheduler.cluster.queue import pod_queue_usage
-from scheduler.cluster.selectors import affinity_matches, node_selector_matches, tolerates
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.framework.filters import node_rules_allow
+from scheduler.plugins.podtopology import spread_eligible_nodes
 from scheduler.solver.greedy import GangRequest, GreedyResult
 from scheduler.solver.hybrid import admission_key, model_gang
 from scheduler.solver.placement import PlacementSettings, PodAssignment
@@ -379,20 +379,8 @@ class _Builder:
         got = self._eligible.get(sig)
         if got is not None:
             return got
-        out = []
-        for name, slot in self.state.nodes.items():
-            labels = self.labels[name]
-            if any(k not in labels for k in keys):
-                continue
-            if c.honor_affinity and not (
-                node_selector_matches(pod.node_selector, labels)
-                and affinity_matches(pod.own_affinity, {**labels, "metadata.name": name})
-            ):
-                continue
-            if c.honor_taints and not tolerates(pod.tolerations, slot.node.taints):
-                continue
-            out.append(name)
-        got = self._eligible[sig] = frozenset(out)
+        nodes = ((name, slot.node.taints) for name, slot in self.state.nodes.items())
+        got = self._eligible[sig] = spread_eligible_nodes(pod, c, keys, nodes, self.labels)
         return got
 
     # --- rows -----------------------------------------------------------------------------

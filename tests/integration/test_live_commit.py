@@ -186,30 +186,28 @@ class RecordingWriter(Writer):
 
 
 async def test_binds_go_out_while_a_big_placement_is_still_being_assumed(
-    control_plane: ControlPlane,
-    api: ApiClient,
-    namespace: str,
-    make_gpu_nodes: Any,
-    monkeypatch: pytest.MonkeyPatch,
+    control_plane: ControlPlane, api: ApiClient, namespace: str, make_gpu_nodes: Any
 ) -> None:
-    """The commit lets dispatched binds run while it assumes the rest (every 20 ms; here after
-    every gang), so a cycle that placed thousands of gangs does not hold its first bind back
-    until all are assumed. All are assumed by the time the commit returns."""
-    import scheduler.commit.backend as backend_module
-
-    monkeypatch.setattr(backend_module, "_YIELD_EVERY_SECONDS", 0.0)
+    """The commit lets dispatched binds run while it assumes the rest (every 20 ms by default;
+    here after every gang), so a cycle that placed thousands of gangs does not hold its first
+    bind back until all are assumed. All are assumed by the time the commit returns."""
     cp = control_plane
+    sched = f"{SCHED}-burst"  # only this test's pods are pending for it
     await asyncio.to_thread(make_gpu_nodes, 1, gpus=8, name_prefix=f"{namespace}-n")
     count = 30
-    items = [json.loads(gpu_pod(f"p{i}", gpus=0)) for i in range(count)]
+    items = []
+    for i in range(count):
+        pod = json.loads(gpu_pod(f"p{i}", gpus=0))
+        pod["spec"]["schedulerName"] = sched
+        items.append(pod)
     await kubectl(
         cp, "apply", "-n", namespace, "-f", "-",
         input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
     )  # fmt: skip
-    cache = Cache(SCHED, "default-queue")
+    cache = Cache(sched, "default-queue")
     await list_once(api, cache)
     writer = RecordingWriter(api, cache)
-    backend = LiveBackend(cache, writer)
+    backend = LiveBackend(cache, writer, yield_every=0.0)
     report = await run_cycle(backend, SETTINGS, 1)
     assert report.commit.dispatched_pods == count, report.placement.outcomes
     # Every pod was assumed before the commit returned...
