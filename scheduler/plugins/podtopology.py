@@ -49,6 +49,7 @@ __all__ = [
     "NodeCheck",
     "PodTopology",
     "Preference",
+    "spread_eligibility_key",
     "spread_eligible_nodes",
 ]
 
@@ -62,6 +63,18 @@ SPREAD_LABEL = "node(s) didn't match pod topology spread constraints (missing re
 
 #: Per node: how well it meets a pod's preferences (:meth:`PodTopology.preference`).
 Preference = Callable[[str], tuple[float, float, float]]
+
+
+def spread_eligibility_key(
+    pod: Pod, c: SpreadConstraint, keys: tuple[str, ...]
+) -> tuple[object, ...]:
+    """What :func:`spread_eligible_nodes` depends on for ``pod`` and ``c`` (a cache key)."""
+    sig: tuple[object, ...] = (keys, c.honor_affinity, c.honor_taints)
+    if c.honor_affinity:
+        sig += (pod.node_selector, pod.own_affinity)
+    if c.honor_taints:
+        sig += (pod.tolerations,)
+    return sig
 
 
 def spread_eligible_nodes(
@@ -305,11 +318,7 @@ class PodTopology:
     ) -> frozenset[str]:
         """Nodes a spread constraint of ``pod`` counts (the same for all its constraints with
         the same policies, whatever they select)."""
-        sig: tuple[object, ...] = (keys, c.honor_affinity, c.honor_taints)
-        if c.honor_affinity:
-            sig += (pod.node_selector, pod.own_affinity)
-        if c.honor_taints:
-            sig += (pod.tolerations,)
+        sig = spread_eligibility_key(pod, c, keys)
         got = self._eligible.get(sig)
         if got is not None:
             return got

@@ -75,7 +75,7 @@ from scheduler.cluster.podaffinity import LabelSelector, PodAffinityTerm, Spread
 from scheduler.cluster.queue import pod_queue_usage
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.framework.filters import node_rules_allow
-from scheduler.plugins.podtopology import spread_eligible_nodes
+from scheduler.plugins.podtopology import spread_eligibility_key, spread_eligible_nodes
 from scheduler.solver.greedy import GangRequest, GreedyResult
 from scheduler.solver.hybrid import admission_key, model_gang
 from scheduler.solver.placement import PlacementSettings, PodAssignment
@@ -371,11 +371,7 @@ class _Builder:
         every constraint's key; node selector and own affinity unless the policy ignores
         them; taints when the policy honours them)."""
         keys = tuple(sorted({x.topology_key for x in pod.spread}))
-        sig: tuple[object, ...] = (keys, c.honor_affinity, c.honor_taints)
-        if c.honor_affinity:
-            sig += (pod.node_selector, pod.own_affinity)
-        if c.honor_taints:
-            sig += (pod.tolerations,)
+        sig = spread_eligibility_key(pod, c, keys)
         got = self._eligible.get(sig)
         if got is not None:
             return got
