@@ -74,6 +74,7 @@ from scheduler.cache.holds import Holds, Nomination
 from scheduler.cache.nodespec import node_from_k8s
 from scheduler.cache.problems import Problem
 from scheduler.cache.resolve import PodRecord, Resolution, Resolver
+from scheduler.cache.restoring import RestoringGangs
 from scheduler.cache.volcano import DEFAULT_QUEUE as VOLCANO_DEFAULT_QUEUE
 from scheduler.cache.volcano import (
     PREEMPTABLE_KEY,
@@ -250,6 +251,8 @@ class Cache:
             on_change=lambda wake: self._changed(wake=wake),
         )
         self._resolver = Resolver(default_queue)
+        #: Gangs consolidation moved, admitted first until they run again (:mod:`.restoring`).
+        self._restoring = RestoringGangs()
         self.pending_changed = asyncio.Event()
         """Set whenever something changed that may let a pending pod be placed (new pending
         pod, freed capacity, node/queue/PodGroup change, a forgotten or expired assumption).
@@ -747,7 +750,16 @@ class Cache:
             queues=tuple(queues[k] for k in sorted(queues)),
             now=now,
             budgets=self._budgets.budgets(self._pod_objects),
+            restoring=self._restoring.current(now),
         )
+
+    def note_moved(self, gangs: Iterable[str]) -> None:
+        """Consolidation evicted ``gangs`` to restart elsewhere: admit them first for a while."""
+        self._restoring.moved(gangs, self._clock())
+
+    def restored(self, gang: str) -> None:
+        """A moved gang is being bound again."""
+        self._restoring.bound(gang)
 
     def _api_present(self, kind: str) -> bool:
         """True when ``kind``'s API was listed (or an object of it seen) and is not absent."""

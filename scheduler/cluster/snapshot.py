@@ -61,6 +61,10 @@ class Snapshot:
     now: float = 0.0
     #: PodDisruptionBudgets that cover pods of this snapshot (evictions must honour them).
     budgets: tuple[DisruptionBudget, ...] = ()
+    #: Gangs that consolidation moved and that are restarting elsewhere: they are placed
+    #: before any other pending work, so the room their move was planned into is theirs
+    #: (consolidation promises that nobody loses their place; see docs/taking-back.md).
+    restoring: frozenset[str] = frozenset()
     version: int = field(default=SNAPSHOT_VERSION)
 
     # --- derived views (cached; the snapshot is immutable) -------------------------------
@@ -138,6 +142,7 @@ class Snapshot:
             "gangs": encode(self.gangs),
             "queues": encode(self.queues),
             "budgets": encode(self.budgets),
+            "restoring": sorted(self.restoring),
         }
 
     @classmethod
@@ -151,6 +156,7 @@ class Snapshot:
             gangs=decode(tuple[Gang, ...], data.get("gangs", [])),
             queues=decode(tuple[Queue, ...], data.get("queues", [])),
             budgets=decode(tuple[DisruptionBudget, ...], data.get("budgets", [])),
+            restoring=frozenset(str(k) for k in data.get("restoring", [])),
             now=float(data.get("now", 0.0)),
         )
 

@@ -98,6 +98,14 @@ class LiveCache(Assumer, EvictionMarks, Protocol):
         """A read-back found no such pod."""
         ...
 
+    def note_moved(self, gangs: Iterable[str]) -> None:
+        """Consolidation evicted ``gangs``: admit them first until they run again."""
+        ...
+
+    def restored(self, gang: str) -> None:
+        """A moved gang is being bound again."""
+        ...
+
 
 class LiveBackend:
     """Implements :class:`scheduler.cycle.Backend` on the cache and the API server."""
@@ -256,6 +264,7 @@ class LiveBackend:
 
     def _dispatch(self, o: GangOutcome, pods: Mapping[str, Pod], cycle: int) -> int:
         """Start binding an assumed gang in the background; the number of pods."""
+        self.cache.restored(o.gang)
         task = asyncio.create_task(
             bind_gang(o, pods, self.writer, self.cache, cycle=cycle), name=f"bind-{o.gang}"
         )
@@ -513,6 +522,8 @@ class LiveBackend:
             )
             if result.done:  # told on both queues' status
                 self.status.evicted(result.done, takers.get(result.done[0].for_gang))
+                # A moved gang restarts into the room planned for it: nobody may take it first.
+                self.cache.note_moved({e.gang for e in result.done if e.action == "consolidate"})
             if not result.complete:
                 for nominated in self.nominations.waiting_on(result.not_done):
                     self._drop(nominated.gang, result.problem, cycle)

@@ -30,6 +30,7 @@ from dataclasses import replace
 
 import structlog
 
+from scheduler.cache.restoring import RestoringGangs
 from scheduler.cluster.gang import Gang
 from scheduler.cluster.node import Node
 from scheduler.cluster.pod import Pod, PodPhase
@@ -79,6 +80,8 @@ class SimulatedCluster:
         self.evictions: list[EvictionRecord] = []
         #: Gangs held on their nodes until their victims are gone, by gang key.
         self.nominations: dict[str, Nomination] = {}
+        #: Gangs moved by consolidation that have not run again yet.
+        self.restoring = RestoringGangs()
         #: True when something changed since the last cycle (arrival, completion, bind).
         self.dirty = True
 
@@ -195,7 +198,14 @@ class SimulatedCluster:
         pods = tuple(self.active_pods())
         live = {p.gang for p in pods}
         gangs = tuple(r.gang for key, r in self.gangs.items() if key in live)
-        return Snapshot(nodes=self.nodes, pods=pods, gangs=gangs, queues=self.queues, now=self.now)
+        return Snapshot(
+            nodes=self.nodes,
+            pods=pods,
+            gangs=gangs,
+            queues=self.queues,
+            now=self.now,
+            restoring=self.restoring.current(self.now) & live,
+        )
 
     def queue_gpu(self) -> dict[str, tuple[int, int]]:
         """Per queue: GPU thousandths (held by bound, nominated and terminating pods; requested
@@ -334,6 +344,7 @@ class SimulatedCluster:
         if record.first_placed_at is None:
             record.first_placed_at = self.now
         record.last_reason = None
+        self.restoring.bound(key)
         log.debug("gang_bound", gang=key, queue=record.gang.queue, pods=len(assignments))
 
     def _hold(self, nomination: Nomination) -> None:
@@ -393,6 +404,8 @@ class SimulatedCluster:
                 gang.evictions.append(evicted)
                 if e.action != "shrink":
                     restarted.setdefault(gang.gang.key, e)
+                if e.action == "consolidate" and e.pod_uid not in moves:
+                    self.restoring.moved([gang.gang.key], self.now)
             beneficiary = self.gangs.get(e.for_gang)
             if beneficiary is not None:
                 beneficiary.made_room.append(evicted)

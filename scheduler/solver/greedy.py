@@ -101,6 +101,9 @@ class GangRequest:
     extras: tuple[Pod, ...] = ()
     #: Queue usage of the required pods (computed when not given).
     ask: Mapping[str, int] = field(default_factory=dict, compare=False)
+    #: Moved by consolidation and restarting (:attr:`Snapshot.restoring`): admitted first,
+    #: and once placed kept by the later stages.
+    restoring: bool = False
 
     def __post_init__(self) -> None:
         if not self.ask:

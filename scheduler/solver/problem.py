@@ -57,9 +57,12 @@ def build_problem(snapshot: Snapshot, report: FairShareReport) -> Problem:
                 preemptible=gang.preemptible,
                 required=tuple(pods[:need]),
                 extras=tuple(pods[need:]),
+                restoring=key in snapshot.restoring,
             )
         )
-    # Priority first, fairness order within a priority (the sort is stable): the objective's
-    # first level. Fairness orders queues, not priorities, so it may interleave them.
-    problem.order.sort(key=lambda g: -g.priority)
+    # Gangs that consolidation moved first (they are taking back the room planned for them,
+    # which another gang must not take in between), then priority, then the fairness order
+    # within a priority (the sort is stable): the objective's first level. Fairness orders
+    # queues, not priorities, so it may interleave them.
+    problem.order.sort(key=lambda g: (not g.restoring, -g.priority))
     return problem

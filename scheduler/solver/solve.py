@@ -207,7 +207,11 @@ def _solve(
     optimise_started = time.perf_counter()
     cp: CpResult | None = None
     cp_assignments: list[PodAssignment] | None = None
-    ruled = topology.left_to_greedy
+    # Kept as greedy placed them: gangs whose topology rules the model cannot see, and gangs
+    # consolidation moved (admitted first; the later stages must not trade them away).
+    ruled = topology.left_to_greedy | {
+        g.key for g in problem.order if g.restoring and g.key in greedy.placed
+    }
     free_problem = problem
     if ruled:
         free_problem = Problem(

@@ -596,3 +596,14 @@ def test_node_from_k8s_reads_taints_and_gpu_memory() -> None:
     assert n.unschedulable and not n.schedulable
     assert n.gpu_memory_mib == 81920 and n.gpu_count == 4
     assert n.taints[0].key == "gpu" and n.taints[0].effect == "NoSchedule"
+
+
+def test_moved_gangs_are_restoring_until_bound_again_or_the_window_ends(
+    cache: Cache, clock: Clock
+) -> None:
+    cache.note_moved(["ns/a", "ns/b"])
+    assert cache.snapshot().restoring == {"ns/a", "ns/b"}
+    cache.restored("ns/a")
+    assert cache.snapshot().restoring == {"ns/b"}
+    clock.now += 601  # a controller that never recreates its pods loses the head start
+    assert cache.snapshot().restoring == frozenset()

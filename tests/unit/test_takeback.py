@@ -369,6 +369,19 @@ def test_consolidation_moves_a_pod_only_when_it_fits_elsewhere() -> None:
     assert p.evictions == ()
 
 
+@BOTH
+def test_a_moved_gang_is_placed_before_anything_else(settings: PlacementSettings) -> None:
+    """Consolidation promised a moved gang a place: while it restarts (``restoring``) it is
+    admitted first, even before higher-priority work that would take the same room."""
+    queues = [make_queue("root"), make_queue("a", "root", gpu_quota=8)]
+    held = running("held", "a", [("n0", (0, 1, 2, 3))], priority=50, preemptible=False)
+    moved = make_gang("moved", 1, queue="a", gpus=4, priority=50, created=NOW - 1)
+    rival = make_gang("rival", 1, queue="a", gpus=4, priority=75, created=NOW - 100)
+    s = snap([make_node("n0")], queues, held, moved, rival)
+    assert placed(run(s, settings)) == {"rival"}
+    assert placed(run(replace(s, restoring=frozenset({"default/moved"})), settings)) == {"moved"}
+
+
 def test_consolidation_moves_a_pod_to_a_node_the_gang_cannot_use() -> None:
     """n0 has 2 GPUs free, too few for the new gang but room for the 2-GPU pod on n1; moving
     it frees 4 on n1. (Found by the side-by-side run against KAI-Scheduler.)"""
