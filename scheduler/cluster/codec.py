@@ -10,6 +10,7 @@ import dataclasses
 import enum
 import types
 import typing
+from fractions import Fraction
 from functools import cache
 from typing import Any
 
@@ -24,6 +25,8 @@ def encode(value: Any) -> Any:
         return value.to_dict()
     if isinstance(value, enum.Enum):
         return value.value
+    if isinstance(value, Fraction):
+        return str(value)  # exact: "3/2", "16"
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         # Fields computed in __post_init__ (init=False) are derived, not data.
         return {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
@@ -70,6 +73,10 @@ def decode(tp: Any, data: Any) -> Any:
         return {decode(key_t, k): decode(val_t, v) for k, v in data.items()}
     if tp is Resources:
         return Resources(data)
+    if tp is Fraction:
+        if not isinstance(data, str):
+            raise TypeError(f"expected a fraction such as '3/2', got {data!r}")
+        return Fraction(data)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return tp(data)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):

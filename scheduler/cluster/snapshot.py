@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from scheduler.cluster.codec import decode, encode
 from scheduler.cluster.disruption import DisruptionBudget
@@ -21,6 +21,9 @@ from scheduler.cluster.node import GPU_MILLI, Node
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.queue import Queue, QueueTree
 from scheduler.cluster.resources import GPU, Resources
+
+if TYPE_CHECKING:  # the DRA types pull in the CEL library; imported when a view is decoded
+    from scheduler.cluster.draview import DraView
 
 __all__ = ["BoundUsage", "NodeState", "Snapshot", "bound_usage"]
 
@@ -65,6 +68,8 @@ class Snapshot:
     #: before any other pending work, so the room their move was planned into is theirs
     #: (consolidation promises that nobody loses their place; see docs/taking-back.md).
     restoring: frozenset[str] = frozenset()
+    #: Devices and claims (:mod:`scheduler.cluster.draview`); None when there are none.
+    dra: DraView | None = None
     version: int = field(default=SNAPSHOT_VERSION)
 
     # --- derived views (cached; the snapshot is immutable) -------------------------------
@@ -134,7 +139,7 @@ class Snapshot:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data."""
-        return {
+        out = {
             "version": self.version,
             "now": self.now,
             "nodes": encode(self.nodes),
@@ -144,12 +149,20 @@ class Snapshot:
             "budgets": encode(self.budgets),
             "restoring": sorted(self.restoring),
         }
+        if self.dra is not None and not self.dra.empty:
+            out["dra"] = encode(self.dra)  # absent otherwise: older readers see no change
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Snapshot:
         """Inverse of :meth:`to_dict`."""
         if data.get("version", SNAPSHOT_VERSION) != SNAPSHOT_VERSION:
             raise ValueError(f"snapshot version {data.get('version')} is not supported")
+        dra = None
+        if data.get("dra") is not None:
+            from scheduler.cluster.draview import DraView
+
+            dra = decode(DraView, data["dra"])
         return cls(
             nodes=decode(tuple[Node, ...], data.get("nodes", [])),
             pods=decode(tuple[Pod, ...], data.get("pods", [])),
@@ -157,6 +170,7 @@ class Snapshot:
             queues=decode(tuple[Queue, ...], data.get("queues", [])),
             budgets=decode(tuple[DisruptionBudget, ...], data.get("budgets", [])),
             restoring=frozenset(str(k) for k in data.get("restoring", [])),
+            dra=dra,
             now=float(data.get("now", 0.0)),
         )
 

@@ -29,6 +29,9 @@ A scenario reads like the Kubernetes objects a KAI user already writes::
           count: 4
           template: {metadata: {annotations: {...}}, spec: {containers: [...]}}
           # or the shorthand ``resources: {nvidia.com/gpu: 2, cpu: 4}`` for one container
+    deviceClasses: [...]         # optional DRA objects (resource.k8s.io/v1), see
+    resourceSlices: [...]        # :mod:`scheduler.simulate.scenario_dra`
+    resourceClaims: [...]
 
 Every problem raises :class:`ScenarioError` naming the field path (``jobs[2].pods.count``) and
 what to change; nothing here returns half-checked data.
@@ -39,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scheduler.cluster.node import GPU_MEMORY_LABEL, Node, Taint
 from scheduler.cluster.quantity import QuantityError, parse_quantity
@@ -63,6 +66,9 @@ from scheduler.simulate.running import grant_running
 from scheduler.simulate.workload import JobArrival, parse_jobs, pod_groups, priority_classes
 from scheduler.solver.placement import PlacementSettings, Strategy
 
+if TYPE_CHECKING:  # DRA types pull in the CEL library: imported only for scenarios with devices
+    from scheduler.cluster.draview import DraView
+
 __all__ = [
     "MIN_CYCLE_PERIOD",
     "JobArrival",
@@ -83,7 +89,9 @@ _STRATEGIES = ("binpack", "spread")
 _SOLVERS = ("cpsat", "greedy")
 _SCORINGS = ("packing", "fragmentation")
 _TOP_FIELDS = ("apiVersion", "kind", "name", "description", "settings", "nodes", "queues",
-               "priorityClasses", "podGroups", "jobs")  # fmt: skip
+               "priorityClasses", "podGroups", "jobs", "deviceClasses", "resourceSlices",
+               "resourceClaims")  # fmt: skip
+_DRA_FIELDS = ("deviceClasses", "resourceSlices", "resourceClaims")
 _NODE_FIELDS = ("name", "count", "gpus", "cpu", "memory", "pods", "gpuMemory", "labels", "taints",
                 "unschedulable")  # fmt: skip
 
@@ -112,6 +120,8 @@ class Scenario:
     nodes: tuple[Node, ...]
     queues: tuple[Queue, ...]
     jobs: tuple[JobArrival, ...]
+    #: DeviceClasses, ResourceSlices and ResourceClaims; None when the scenario has none.
+    dra: DraView | None = None
 
     @property
     def last_arrival(self) -> float:
@@ -311,7 +321,12 @@ def parse_scenario(data: Any, *, default_name: str = "scenario") -> Scenario:
         priority_classes(root.get("priorityClasses")),
     )
     jobs = grant_running(jobs, nodes)
-    return Scenario(str(root.get("name") or default_name), settings, nodes, queues, jobs)
+    dra = None
+    if any(root.get(f) is not None for f in _DRA_FIELDS):
+        from scheduler.simulate.scenario_dra import parse_dra
+
+        dra = parse_dra(root, {n.name for n in nodes})
+    return Scenario(str(root.get("name") or default_name), settings, nodes, queues, jobs, dra)
 
 
 def load_scenario(path: str | Path) -> Scenario:
