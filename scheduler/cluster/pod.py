@@ -149,6 +149,10 @@ class Pod(_PodMemo):
     #: Preferred pod (anti-)affinity, ScheduleAnyway spread and preferred node affinity of
     #: an unbound pod (None: none); applied among the best-packed nodes that fit.
     preferences: Preferences | None = None
+    #: Terms (with weights) by which this pod, once on a node, draws or repels the pods they
+    #: match (:func:`~scheduler.cluster.podaffinity.scoring_terms`); read for bound pods
+    #: too, as kube-scheduler scores nodes by the pods running there.
+    scoring_affinity: tuple[tuple[PodAffinityTerm, int], ...] = ()
 
     @property
     def key(self) -> str:

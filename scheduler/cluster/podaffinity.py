@@ -37,6 +37,7 @@ __all__ = [
     "WeightedTerm",
     "parse_pod_preferences",
     "parse_pod_rules",
+    "scoring_terms",
 ]
 
 _REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
@@ -269,6 +270,25 @@ _PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 def _weight(raw: Mapping[str, Any]) -> int | None:
     w = raw.get("weight")
     return w if isinstance(w, int) and not isinstance(w, bool) and 1 <= w <= 100 else None
+
+
+#: kube-scheduler's ``hardPodAffinityWeight`` (default 1): what a running pod's required
+#: affinity term adds to the score of a node, in its domain, for a pod the term matches.
+HARD_POD_AFFINITY_WEIGHT = 1
+
+
+def scoring_terms(
+    affinity: tuple[PodAffinityTerm, ...], preferences: Preferences | None
+) -> tuple[tuple[PodAffinityTerm, int], ...]:
+    """The terms with which a pod, once on a node, scores other pods as kube-scheduler's
+    InterPodAffinity does: each required affinity term with
+    :data:`HARD_POD_AFFINITY_WEIGHT`, each preferred affinity term with its weight, each
+    preferred anti-affinity term with minus its weight."""
+    out = [(t, HARD_POD_AFFINITY_WEIGHT) for t in affinity]
+    if preferences is not None:
+        out += [(w.term, w.weight) for w in preferences.affinity]
+        out += [(w.term, -w.weight) for w in preferences.anti_affinity]
+    return tuple(out)
 
 
 def parse_pod_preferences(

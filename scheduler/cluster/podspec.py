@@ -30,7 +30,12 @@ from typing import Any, Literal
 from scheduler.cluster.hostports import host_port_requests
 from scheduler.cluster.node import GPU_MILLI
 from scheduler.cluster.pod import GpuRequest, Pod, PodPhase
-from scheduler.cluster.podaffinity import Preferences, parse_pod_preferences, parse_pod_rules
+from scheduler.cluster.podaffinity import (
+    Preferences,
+    parse_pod_preferences,
+    parse_pod_rules,
+    scoring_terms,
+)
 from scheduler.cluster.quantity import QuantityError, parse_quantity
 from scheduler.cluster.resources import GPU, Resources
 from scheduler.cluster.selectors import (
@@ -236,9 +241,12 @@ def _gpu_request(annotations: Mapping[str, str], requests: Resources) -> GpuRequ
             value = parse_quantity(fraction)
         except QuantityError:
             value = None
-        if value is None or not 0 < value <= 1:
+        if value is None or not 0 < value < 1:
+            # A whole device is not shared: nvidia.com/gpu says so, and needs no reservation.
             raise PodSpecError(
-                field, f"{fraction!r} must be a number greater than 0 and at most 1, e.g. 0.5"
+                field,
+                f"{fraction!r} must be a number greater than 0 and below 1, e.g. 0.5 "
+                f"(for whole GPUs request {GPU} in the container's resources instead)",
             )
         milli = -(-value.numerator * GPU_MILLI // value.denominator)
         return GpuRequest(count, milli)
@@ -513,6 +521,12 @@ def pod_from_k8s(
     pod_labels = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
     rules = parse_pod_rules(spec, namespace, pod_labels, cautious=not waits)
     preferences = _preferences(spec, namespace, pod_labels) if waits else None
+    # A bound pod's terms still score the pods that come after it (kube-scheduler's
+    # InterPodAffinity score); its node preferences are not needed.
+    scoring = scoring_terms(
+        rules.affinity,
+        preferences if waits else parse_pod_preferences(spec, namespace, pod_labels),
+    )
     unsupported = unsupported_fields(spec, namespace, pod_labels) if waits else ()
     phase_raw = status.get("phase") or "Pending"
     try:
@@ -551,4 +565,5 @@ def pod_from_k8s(
         pod_anti_affinity=rules.anti_affinity,
         spread=rules.spread if waits else (),
         preferences=preferences,
+        scoring_affinity=scoring,
     )

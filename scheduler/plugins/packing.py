@@ -13,7 +13,12 @@ binpack (GPU nodes)
 spread (GPU nodes)
     ``u * u`` where ``u`` is the node's used GPU capacity in eighths: convex, so evening out
     the load lowers the total.
-The same two rules apply to CPU (millicores) on nodes without GPUs.
+The same two rules apply to CPU (millicores) on nodes without GPUs, except that spread there
+reads memory as well: ``(c * c + m * m) // 2`` with ``c`` and ``m`` the used CPU and memory in
+eighths. The greedy ranks such nodes as kube-scheduler does (LeastAllocated and
+BalancedAllocation over both, :mod:`scheduler.plugins.leastallocated`); a CPU-only cost let
+CP-SAT's answer, which wins when its objective is better, fill a small node's memory with a
+pod that kube-scheduler puts on a node with room in both, and the next pod found none.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import Literal
 from scheduler.cluster.node import GPU_MILLI, Node
 from scheduler.cluster.resources import CPU
 from scheduler.framework.scoring import NodeView, PodDemand
+from scheduler.plugins.leastallocated import MAX_SCORE, RESOURCES, spread_cost
 
 __all__ = [
     "MAX_NODE_COST",
@@ -75,12 +81,18 @@ def node_cost(
     if gpu_free:
         return gpu_node_cost(tuple(gpu_free), gpu_strategy)
     alloc = node.allocatable[CPU]
+    if cpu_strategy == "spread":
+        # convex in both, and lowest when CPU and memory are used alike (stays <= 64)
+        squares = 0
+        for r in RESOURCES:
+            total = node.allocatable.get(r, 0)
+            if total > 0:
+                u = _eighths(total - max(0, free.get(r, 0)), total)
+                squares += u * u
+        return squares // len(RESOURCES)
     if alloc <= 0:
         return 0
     used = alloc - max(0, free.get(CPU, 0))
-    if cpu_strategy == "spread":
-        u = _eighths(used, alloc)
-        return u * u
     return 4 if 0 < used < alloc else 0
 
 
@@ -92,9 +104,9 @@ def node_cost_after(
     cpu_strategy: Strategy,
 ) -> int:
     """:func:`node_cost` of ``view`` once a pod with ``demand`` took ``grant``."""
-    # node_cost reads only CPU of the free resources; copy just that (this runs per class
-    # and pod shape in the greedy).
-    free = {CPU: view.free.get(CPU, 0) - demand.requests.get(CPU, 0)}
+    # node_cost reads only CPU and memory of the free resources; copy just those (this runs
+    # per class and pod shape in the greedy).
+    free = {r: view.free.get(r, 0) - demand.requests.get(r, 0) for r in RESOURCES}
     gpu_free = list(view.gpu_free)
     for index, milli in grant:
         gpu_free[index] -= milli
@@ -113,11 +125,20 @@ class PackingScorer:
         self.cpu_strategy: Strategy = cpu_strategy
 
     def score_key(self, node: NodeView) -> object:
-        """GPU nodes are scored on devices alone; other nodes on their free CPU."""
-        return None if node.gpu_free else node.free.get(CPU, 0)
+        """GPU nodes are scored on devices alone; other nodes on their free CPU (and memory,
+        under ``cpu_strategy: spread``)."""
+        if node.gpu_free:
+            return None
+        if self.cpu_strategy == "spread":
+            return tuple(node.free.get(r, 0) for r in RESOURCES)
+        return node.free.get(CPU, 0)
 
     def score(self, node: NodeView, demand: PodDemand, grant: Sequence[tuple[int, int]]) -> float:
-        """Cost change (integer part) plus a tie-break in [0, 1)."""
+        """Cost change (integer part) plus a tie-break in [0, 1). Nodes without GPUs under
+        ``cpu_strategy: spread`` are ranked as kube-scheduler ranks them
+        (:func:`~scheduler.plugins.leastallocated.spread_cost`, in [0, 1])."""
+        if not node.gpu_free and self.cpu_strategy == "spread":
+            return spread_cost(node, demand)
         before = node_cost(
             node.node, node.free, node.gpu_free, self.gpu_strategy, self.cpu_strategy
         )
@@ -134,3 +155,12 @@ class PackingScorer:
         left = min(max(left, 0.0), 1.0) * 0.999
         tie = left if strategy == "binpack" else 0.999 - left
         return float(after - before) + tie
+
+    def resource_points(self, node: NodeView, score: float) -> float | None:
+        """kube-scheduler's resource score of ``node`` (NodeResourcesFit plus
+        NodeResourcesBalancedAllocation, 0-200) recovered from its :meth:`score`, when the
+        node is ranked as kube-scheduler ranks it (no GPUs, ``cpu_strategy: spread``); None
+        otherwise. The greedy adds preferences to it as kube-scheduler adds its scores."""
+        if node.gpu_free or self.cpu_strategy != "spread":
+            return None
+        return (1.0 - score) * MAX_SCORE

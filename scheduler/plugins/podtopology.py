@@ -37,7 +37,12 @@ from collections.abc import Callable, Iterable, Mapping
 
 from scheduler.cluster.node import Node, Taint
 from scheduler.cluster.pod import Pod
-from scheduler.cluster.podaffinity import LabelSelector, PodAffinityTerm, SpreadConstraint
+from scheduler.cluster.podaffinity import (
+    LabelSelector,
+    PodAffinityTerm,
+    Preferences,
+    SpreadConstraint,
+)
 from scheduler.cluster.selectors import affinity_matches, node_selector_matches, tolerates
 
 __all__ = [
@@ -45,10 +50,12 @@ __all__ = [
     "ANTI_AFFINITY",
     "EXISTING_ANTI_AFFINITY",
     "SPREAD",
+    "SPREAD_IGNORED",
     "SPREAD_LABEL",
     "NodeCheck",
     "PodTopology",
     "Preference",
+    "attracts",
     "spread_eligibility_key",
     "spread_eligible_nodes",
 ]
@@ -63,6 +70,9 @@ SPREAD_LABEL = "node(s) didn't match pod topology spread constraints (missing re
 
 #: Per node: how well it meets a pod's preferences (:meth:`PodTopology.preference`).
 Preference = Callable[[str], tuple[float, float, float]]
+#: What the spread part of a :data:`Preference` loses on a node without a constraint's
+#: topology key (kube-scheduler leaves such a node out of the spread score: its worst).
+SPREAD_IGNORED = 1e9
 
 
 def spread_eligibility_key(
@@ -211,6 +221,12 @@ class _SpreadTally(_Tally):
 _NAME = "\0name"
 
 
+def attracts(pod: Pod) -> bool:
+    """True when ``pod``, once located, scores the pods its affinity terms match
+    (:attr:`~scheduler.cluster.pod.Pod.scoring_affinity`)."""
+    return bool(pod.scoring_affinity)
+
+
 class PodTopology:
     """Pods per topology domain, for the rules of :mod:`scheduler.cluster.podaffinity`.
 
@@ -234,6 +250,10 @@ class PodTopology:
         #: and the terms by anchor
         self._owners: dict[PodAffinityTerm, Counter[str]] = {}
         self._owners_by: dict[Anchor, dict[PodAffinityTerm, None]] = {}
+        #: terms of located pods that score pods they match (:meth:`preference`): (term,
+        #: weight) -> values of its key where owners run, and the terms by anchor
+        self._attracting: dict[tuple[PodAffinityTerm, int], Counter[str]] = {}
+        self._attracting_by: dict[Anchor, dict[tuple[PodAffinityTerm, int], None]] = {}
         #: tallies by what they are about, and by anchor
         self._tallies: dict[object, _Tally] = {}
         self._tallies_by: dict[Anchor, list[_Tally]] = {}
@@ -279,6 +299,16 @@ class PodTopology:
                     owners = self._owners[term] = Counter()
                     self._owners_by.setdefault(anchor_of(term.selector), {})[term] = None
                 owners[value] += step
+        for term, weight in pod.scoring_affinity:
+            value = node_labels.get(term.topology_key)
+            if value is not None and term.selector is not None:
+                scoring = (term, weight)
+                counts = self._attracting.get(scoring)
+                if counts is None:
+                    counts = self._attracting[scoring] = Counter()
+                    by_anchor = self._attracting_by.setdefault(anchor_of(term.selector), {})
+                    by_anchor[scoring] = None
+                counts[value] += step
         if not self._tallies:
             return
         labels = self._labels_of(pod)
@@ -362,6 +392,21 @@ class PodTopology:
                     out.append(t)
         return out
 
+    def _attracted(self, pod: Pod) -> list[tuple[str, int, Counter[str]]]:
+        """(key, weight, owners per value) of the located pods' scoring terms
+        (:attr:`~scheduler.cluster.pod.Pod.scoring_affinity`) that match ``pod``."""
+        if not self._attracting:
+            return []
+        labels = self._labels_of(pod)
+        out = []
+        for anchor in (None, *pod.labels):
+            for term, weight in self._attracting_by.get(anchor, ()):
+                if term.matches(pod.namespace, labels):
+                    counts = self._attracting[(term, weight)]
+                    if any(v > 0 for v in counts.values()):
+                        out.append((term.topology_key, weight, counts))
+        return out
+
     # --- the check --------------------------------------------------------------------------
 
     def constrained(self, pod: Pod) -> bool:
@@ -443,18 +488,25 @@ class PodTopology:
     def preference(self, pod: Pod) -> Preference | None:
         """Per node, how well it meets the pod's preferences, as (pod affinity, spread, node
         affinity) - higher is better in each; the caller weighs and normalises them over its
-        candidates. None when the pod has no preferences.
+        candidates. None when nothing is preferred for the pod.
 
         Pod affinity: the weight of each preferred term times the matching pods in the
-        node's domain (anti-affinity subtracts). Spread (``ScheduleAnyway``): minus the
+        node's domain (anti-affinity subtracts); plus, as kube-scheduler scores them, the
+        terms of pods already located that match this pod, per such pod in the node's
+        domain: 1 for a required affinity term, the weight of a preferred one (minus for
+        anti-affinity). So a pod that others must join goes where they already are, and
+        leaves the domains they avoid to them. Spread (``ScheduleAnyway``): minus the
         matching pods in the node's domain of each constraint (a node without the key is
         worst). Node affinity: the summed weights of the preferred terms the node matches.
         The same parts kube-scheduler's InterPodAffinity, PodTopologySpread and NodeAffinity
         scores use.
         """
+        attracted = self._attracted(pod)
         prefs = pod.preferences
         if prefs is None:
-            return None
+            if not attracted:
+                return None
+            prefs = Preferences()
         weighted = [(w.weight, w.term, self._anti_counts(w.term)) for w in prefs.affinity]
         weighted += [(-w.weight, w.term, self._anti_counts(w.term)) for w in prefs.anti_affinity]
         soft = [(c, self._spread_tally(pod, c, prefs.spread).counts) for c in prefs.spread]
@@ -467,10 +519,14 @@ class PodTopology:
                 value = nl.get(term.topology_key)
                 if value is not None:
                     near += weight * counts.get(value, 0)
+            for key, weight, owners in attracted:
+                value = nl.get(key)
+                if value is not None:
+                    near += weight * owners.get(value, 0)
             spread = 0.0
             for c, counts in soft:
                 value = nl.get(c.topology_key)
-                spread -= counts.get(value, 0) if value is not None else 1e9
+                spread -= counts.get(value, 0) if value is not None else SPREAD_IGNORED
             named = {**nl, "metadata.name": node}
             wanted = float(sum(w for w, term in prefs.nodes if term.matches(named)))
             return near, spread, wanted

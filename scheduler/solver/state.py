@@ -21,7 +21,7 @@ from scheduler.cluster.pod import Pod
 from scheduler.cluster.resources import PODS, Resources
 from scheduler.cluster.snapshot import BoundUsage, Snapshot, bound_usage
 from scheduler.framework.scoring import PodDemand, pod_demand
-from scheduler.plugins.podtopology import PodTopology
+from scheduler.plugins.podtopology import PodTopology, attracts
 from scheduler.solver.placement import PodAssignment
 
 __all__ = [
@@ -172,6 +172,9 @@ class ClusterState:
         #: located pods (bound or placed) with required anti-affinity: they may refuse
         #: nodes to pods without rules of their own
         self.anti_owners = 0
+        #: located pods with affinity terms that score other pods (kube-scheduler's
+        #: InterPodAffinity score; :meth:`PodTopology.preference`)
+        self.attractors = 0
         for slot in nodes:
             slot.static_id = self._static_id(slot.node)
             slot.key = slot.class_key()
@@ -204,6 +207,7 @@ class ClusterState:
             state.pods[p.uid] = p
         state.bound = {p.uid: p for p in bound}
         state.anti_owners = sum(1 for p in bound if p.pod_anti_affinity)
+        state.attractors = sum(1 for p in bound if attracts(p))
         return state
 
     # --- where pods run, for pod (anti-)affinity and spread ---------------------------------
@@ -349,6 +353,8 @@ class ClusterState:
         self.placed[pod.uid] = assignment
         if pod.pod_anti_affinity:
             self.anti_owners += 1
+        if attracts(pod):
+            self.attractors += 1
         if self._topology is not None:
             self._topology.add(pod, slot.name)
 
@@ -389,6 +395,8 @@ class ClusterState:
         self._join(slot)
         if pod.pod_anti_affinity:
             self.anti_owners -= 1
+        if attracts(pod):
+            self.attractors -= 1
         if self._topology is not None:
             self._topology.remove(pod.uid)
         return assignment

@@ -132,14 +132,25 @@ def test_the_exact_search_places_the_pod_the_greedys_node_choice_loses(
 
 
 def spread_case() -> Snapshot:
-    """n0 and n1 have 2 cores free each; ``p`` (2 cores, spread over hostnames) may go on
-    either, ``q`` (2 cores) only on n1. Binpack puts ``p`` on n1 (the fuller node); the
-    second pass (emptiest first) ties and does the same: ``q`` is left out. The exact
-    search puts ``p`` on n0."""
-    p = single("p", 1.0, cpu=2, app="db", spread=(SpreadConstraint(1, HOSTNAME_LABEL, sel("db")),))
-    q = single("q", 2.0, cpu=2, app="db", node_selector=((HOSTNAME_LABEL, "n1"),))
-    busy = running("busy", "n1", 2)
-    return snapshot([node("n0", "z0", cpu=2), node("n1", "z1", cpu=4)], [busy, p, q])
+    """``p`` (1 core, 30 GiB, spread over hostnames) may go on n0 (2 cores, 32 GiB) or n1
+    (4 cores, 64 GiB, 1 core used); ``q`` (1 core, 40 GiB) only on n1. Binpack puts ``p`` on
+    n1 (the partly used node), and so does the second pass (emptiest first by CPU and
+    memory, as kube-scheduler scores): ``q`` is left out. The exact search puts ``p`` on
+    n0."""
+
+    def pod(name: str, created: float, memory: int, **rules: Any) -> tuple[Gang, Pod]:
+        gang, (one,) = make_gang(
+            name, 1, queue="team", cpu=1, memory_gib=memory, created=created,
+            labels={"app": "db"},
+        )  # fmt: skip
+        return gang, replace(one, creation_time=created, **rules)
+
+    p = pod("p", 1.0, 30, spread=(SpreadConstraint(1, HOSTNAME_LABEL, sel("db")),))
+    q = pod("q", 2.0, 40, node_selector=((HOSTNAME_LABEL, "n1"),))
+    busy = running("busy", "n1", 1)
+    n0 = make_node("n0", gpus=0, cpu=2, memory_gib=32, labels={HOSTNAME_LABEL: "n0"})
+    n1 = make_node("n1", gpus=0, cpu=4, memory_gib=64, labels={HOSTNAME_LABEL: "n1"})
+    return snapshot([n0, n1], [busy, p, q])
 
 
 @pytest.mark.parametrize(
@@ -280,7 +291,7 @@ def test_large_instances_are_skipped_before_anything_is_built(
     def boom(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("nothing may be built")
 
-    monkeypatch.setattr(exact, "_Context", boom)
+    monkeypatch.setattr(exact, "ExactContext", boom)
     monkeypatch.setattr(exact, "MAX_POD_NODES", 2)  # "a" has no node selector: 1 x 3 nodes
     snap = affinity_case()
     problem = build_problem(snap, compute_fair_shares(snap))
@@ -410,3 +421,31 @@ def test_every_answer_passes_the_validator(snap: Snapshot) -> None:
     # pods than the pipeline without the search
     placement = solve(snap, PlacementSettings(take_back=False))
     assert placement.violations == ()
+
+
+def test_groups_with_nothing_to_gain_are_not_solved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A left-out pod with no candidate node (its selector matches no node) cannot be placed
+    by any model: its group is not solved, so it costs none of the cycle's budget. The group
+    of :func:`affinity_case`, where the greedy lost a pod that has candidates, still is."""
+    solved: list[list[str]] = []
+    real = exact.solve_ruled
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        solved.append(sorted(g.key for g in args[2]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(exact, "solve_ruled", counting)
+    lost = single(
+        "lost", 1.0, app="x", node_selector=((ZONE, "nowhere"),),
+        pod_anti_affinity=(PodAffinityTerm(ZONE, sel("x")),),
+    )  # fmt: skip
+    base = affinity_case()
+    snap = snapshot(
+        base.nodes, [*((g, p) for p in base.pods for g in base.gangs if g.key == p.gang), lost]
+    )
+    assert placed(snap) == {"a": "n2", "b": "n2"}
+    assert solved == [["default/a", "default/b"]]
+    solved.clear()
+    alone = snapshot(base.nodes, [lost])
+    assert placed(alone) == {}
+    assert solved == []

@@ -177,7 +177,6 @@ def test_effective_requests_memo_tells_specs_apart_and_never_keeps_errors() -> N
         ({}, {"nvidia.com/gpu": "2"}, GpuRequest(2, 1000)),
         ({"gpu-fraction": "0.5"}, {}, GpuRequest(1, 500)),
         ({"gpu-fraction": "0.25", "gpu-fraction-num-devices": "2"}, {}, GpuRequest(2, 250)),
-        ({"gpu-fraction": "1"}, {}, GpuRequest(1, 1000)),
         ({"gpu-fraction": "0.3333"}, {}, GpuRequest(1, 334)),  # rounded up
         ({"gpu-memory": "20000"}, {}, GpuRequest(1, 1000, memory_mib=20000)),
         ({}, {}, None),
@@ -195,6 +194,7 @@ def test_gpu_requests(
     [
         ({"gpu-fraction": "0"}, {}, "metadata.annotations[gpu-fraction]"),
         ({"gpu-fraction": "1.5"}, {}, "metadata.annotations[gpu-fraction]"),
+        ({"gpu-fraction": "1"}, {}, "metadata.annotations[gpu-fraction]"),
         ({"gpu-fraction": "half"}, {}, "metadata.annotations[gpu-fraction]"),
         ({"gpu-memory": "-5"}, {}, "metadata.annotations[gpu-memory]"),
         ({"gpu-memory": "lots"}, {}, "metadata.annotations[gpu-memory]"),

@@ -174,7 +174,7 @@ def _with(path: str, value: Any) -> dict[str, Any]:
         ("jobs.0.podGroup", {"minMember": -1}, "jobs[0].podGroup.minMember", ">= 0"),
         ("jobs.0.priorityClassName", "gold", "jobs[0].priorityClassName", "gold"),
         ("jobs.0.replicas", 3, "jobs[0].replicas", "unknown field"),
-        ("jobs.1.pods.annotations", {"gpu-fraction": "1.5"}, "jobs[1].pods.template", "at most 1"),
+        ("jobs.1.pods.annotations", {"gpu-fraction": "1.5"}, "jobs[1].pods.template", "below 1"),
         ("jobs.1.pods.resources", {"cpu": "lots"}, "jobs[1].pods.template", "cpu"),
         ("jobs.1.pods", {"count": 2}, "jobs[1].pods.template.spec.containers", "container"),
         ("nodes.0.count", 1.5, "nodes[0].count", "positive whole number"),
