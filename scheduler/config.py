@@ -28,6 +28,7 @@ from scheduler.solver.placement import PlacementSettings, Scoring, Strategy
 
 __all__ = [
     "ConfigError",
+    "GpuSharingSettings",
     "LeaderElectionSettings",
     "SchedulerConfig",
     "ServiceSettings",
@@ -62,6 +63,26 @@ class LeaderElectionSettings:
     renew_deadline: float = 10.0
     #: How often the leader renews and candidates retry.
     retry_period: float = 2.0
+
+
+@dataclass(frozen=True)
+class GpuSharingSettings:
+    """GPU sharing that reaches the container (see docs/gpu-sharing.md)."""
+
+    #: Hold each shared device with a reservation pod and write each sharer's device
+    #: ConfigMap at bind (the chart turns it on; off, fractional pods are bookkeeping only).
+    enabled: bool = False
+    #: Namespace of the reservation pods (the chart creates it and grants pods there).
+    reservation_namespace: str = "kai-resource-reservation"
+    #: Seconds between garbage-collection passes over the reservation pods.
+    collect_interval: float = 2.0
+    #: ``host:port`` the admission webhook listens on with TLS ("" = no webhook).
+    webhook_address: str = ""
+    #: PEM certificate and key the webhook serves (the chart mounts them from a Secret).
+    webhook_cert_file: str = ""
+    webhook_key_file: str = ""
+    #: Show sharing demand no node has room for to autoscalers as whole-GPU scaling pods.
+    scaling_pods: bool = False
 
 
 @dataclass(frozen=True)
@@ -104,6 +125,8 @@ class SchedulerConfig:
     pod_grouper: bool = False
     #: Leader election timing.
     leader_election: LeaderElectionSettings = field(default_factory=LeaderElectionSettings)
+    #: Reservation pods, device ConfigMaps and the admission webhook (docs/gpu-sharing.md).
+    gpu_sharing: GpuSharingSettings = field(default_factory=GpuSharingSettings)
     #: Serve ``GET /debug/snapshot`` (the last cycle's snapshot) on the metrics port to callers
     #: whose bearer token the API server authorises for it (``debugSnapshot``, see
     #: :mod:`scheduler.debug_snapshot`).
@@ -240,6 +263,28 @@ def _leader_election(raw: Any, base: LeaderElectionSettings) -> LeaderElectionSe
     return out
 
 
+def _gpu_sharing(raw: Any, base: GpuSharingSettings) -> GpuSharingSettings:
+    data = _mapping(raw, "gpuSharing")
+    parsers: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
+        "enabled": ("enabled", _bool),
+        "reservationNamespace": ("reservation_namespace", _string),
+        "collectInterval": ("collect_interval", _duration),
+        "webhookAddress": ("webhook_address", _string),
+        "webhookCertFile": ("webhook_cert_file", _string),
+        "webhookKeyFile": ("webhook_key_file", _string),
+        "scalingPods": ("scaling_pods", _bool),
+    }
+    _check_keys(data, parsers, "gpuSharing.")
+    changes = {parsers[k][0]: parsers[k][1](v, f"gpuSharing.{k}") for k, v in data.items()}
+    out = replace(base, **changes)
+    if out.webhook_address and not (out.webhook_cert_file and out.webhook_key_file):
+        raise ConfigError(
+            "gpuSharing.webhookAddress",
+            "the webhook serves TLS only: set webhookCertFile and webhookKeyFile too",
+        )
+    return out
+
+
 def parse_config(data: Any, base: SchedulerConfig | None = None) -> SchedulerConfig:
     """Config from parsed YAML (a mapping, or None for an empty file)."""
     cfg = base or SchedulerConfig()
@@ -262,7 +307,7 @@ def parse_config(data: Any, base: SchedulerConfig | None = None) -> SchedulerCon
         "podGrouper": ("pod_grouper", _bool),
         "debugSnapshot": ("debug_snapshot", _bool),
     }
-    nested = ("placement", "solverTimeLimit", "leaderElection")
+    nested = ("placement", "solverTimeLimit", "leaderElection", "gpuSharing")
     _check_keys(top, {**simple, **dict.fromkeys(nested)}, "")
     changes: dict[str, Any] = {}
     for key, value in top.items():
@@ -283,6 +328,8 @@ def parse_config(data: Any, base: SchedulerConfig | None = None) -> SchedulerCon
     changes["placement"] = placement
     if "leaderElection" in top:
         changes["leader_election"] = _leader_election(top["leaderElection"], cfg.leader_election)
+    if "gpuSharing" in top:
+        changes["gpu_sharing"] = _gpu_sharing(top["gpuSharing"], cfg.gpu_sharing)
     return replace(cfg, **changes)
 
 

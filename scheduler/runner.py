@@ -46,6 +46,7 @@ from scheduler.cluster import CPU, GPU, PODS, GpuRequest, Node, Pod, Queue, Reso
 from scheduler.cluster.gang import Gang
 from scheduler.cluster.queuespec import SpecError, parse_duration
 from scheduler.commit import LiveBackend
+from scheduler.commit.gpusharing import GpuSharing
 from scheduler.commit.volcano import VolcanoStatus
 from scheduler.config import SchedulerConfig, ServiceSettings
 from scheduler.cycle import run_cycle
@@ -175,6 +176,11 @@ class Scheduler:
             await api.close()
             return 2
         log.info("serving_probes", address=self.service.metrics_address, port=health.port)
+        admission = await self._start_admission()
+        if admission is False:
+            await health.stop()
+            await api.close()
+            return 2
         if warm and self.warming is None:
             # Warming up imports OR-Tools and solves once (about a second on a busy core);
             # done in a thread, it overlaps the initial lists, which mostly wait for the API.
@@ -183,9 +189,37 @@ class Scheduler:
             return await self._serve(api)
         finally:
             self.state.stopping = True
+            if admission is not None and admission is not False:
+                await admission.stop()
             await health.stop()
             await api.close()
             self._log_stopped()
+
+    async def _start_admission(self) -> Any:
+        """The GPU-sharing admission webhook when configured (None when not; False when it
+        cannot serve, which stops the process: pods would be admitted without their env)."""
+        settings = self.config.gpu_sharing
+        if not settings.webhook_address:
+            return None
+        from scheduler.admission import AdmissionServer
+
+        server = AdmissionServer(
+            settings.webhook_address,
+            settings.webhook_cert_file,
+            settings.webhook_key_file,
+            self.config.scheduler_names_served,
+        )
+        try:
+            await server.start()
+        except (OSError, ValueError) as e:
+            log.error(
+                "cannot_serve_admission_webhook",
+                address=settings.webhook_address,
+                error=str(e),
+                fix="check gpuSharing.webhookCertFile/webhookKeyFile and that the port is free",
+            )
+            return False
+        return server
 
     def _log_stopped(self) -> None:
         """``stopped``; before the first sync also why: what the API server answered."""
@@ -236,6 +270,16 @@ class Scheduler:
             )
         else:
             self.metrics.leader.set(1)
+        sharing = None
+        if cfg.gpu_sharing.enabled:
+            sharing = GpuSharing(
+                self.cache,
+                writer,
+                namespace=cfg.gpu_sharing.reservation_namespace,
+                is_leader=self.is_leader,
+                scaling=cfg.gpu_sharing.scaling_pods,
+                scheduler_name=cfg.scheduler_name,
+            )
         backend = LiveBackend(
             self.cache,
             writer,
@@ -243,6 +287,7 @@ class Scheduler:
             metrics=self.metrics,
             grace=self._grace,
             nomination_timeout=self.nomination_timeout,
+            sharing=sharing,
         )
         self.backend = backend
         self.volcano = VolcanoStatus(self.cache, writer)
@@ -253,6 +298,10 @@ class Scheduler:
         }
         if self.elector is not None:
             tasks["lease"] = asyncio.create_task(self.elector.run(self.stop), name="lease")
+        if sharing is not None:
+            tasks["gpu-reservations"] = asyncio.create_task(
+                self._collect_reservations(watcher, sharing), name="gpu-reservations"
+            )
         stopper = asyncio.create_task(self.stop.wait(), name="stop")
         code = 0
         try:
@@ -274,6 +323,11 @@ class Scheduler:
             self.state.stopping = True
             await self._shutdown(tasks, stopper)
         return 1 if self.lost_leadership else code
+
+    async def _collect_reservations(self, watcher: Watcher, sharing: GpuSharing) -> None:
+        """Reservation pod garbage collection, once the cache shows the whole cluster."""
+        await watcher.synced.wait()
+        await sharing.run(self.stop, self.config.gpu_sharing.collect_interval)
 
     async def _shutdown(
         self, tasks: dict[str, asyncio.Task[Any]], stopper: asyncio.Task[Any]

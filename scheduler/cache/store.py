@@ -83,6 +83,14 @@ from scheduler.cache.volcano import (
     volcano_queue_from_k8s,
 )
 from scheduler.cache.volumes import VolumeIndex
+from scheduler.cluster.gpusharing import (
+    Reservation,
+    ScalingPod,
+    devices_in_use,
+    is_sharer,
+    reservation_from_k8s,
+    scaling_from_k8s,
+)
 from scheduler.cluster.hostports import HOST_PORT_PREFIX, with_host_ports
 from scheduler.cluster.node import Node
 from scheduler.cluster.pod import Pod
@@ -253,6 +261,11 @@ class Cache:
         self._resolver = Resolver(default_queue)
         #: Gangs consolidation moved, admitted first until they run again (:mod:`.restoring`).
         self._restoring = RestoringGangs()
+        #: GPU reservation pods (see :mod:`scheduler.cluster.gpusharing`), by namespace/name.
+        #: Kept out of the pods: the device they hold is already counted by its sharers.
+        self._reservations: dict[str, Reservation] = {}
+        #: Scaling pods (whole-GPU stand-ins for autoscalers), by namespace/name: never placed.
+        self._scaling: dict[str, ScalingPod] = {}
         self.pending_changed = asyncio.Event()
         """Set whenever something changed that may let a pending pod be placed (new pending
         pod, freed capacity, node/queue/PodGroup change, a forgotten or expired assumption).
@@ -324,9 +337,22 @@ class Cache:
         keep = {_key(namespace, name) for namespace, name in listed}
         for key in [k for k in self._raw.get(kind, {}) if k not in keep]:
             self.apply(kind, "DELETED", self._raw[kind][key])
+        if kind == "Pod":
+            for key in [k for k in self._reservations if k not in keep]:
+                del self._reservations[key]
+            for key in [k for k in self._scaling if k not in keep]:
+                del self._scaling[key]
 
     def _upsert(self, kind: str, key: str, obj: dict[str, Any]) -> None:
         if kind == "Pod":
+            reservation = reservation_from_k8s(obj)
+            if reservation is not None:
+                self._reservations[key] = reservation
+                return
+            scaling = scaling_from_k8s(obj)
+            if scaling is not None:
+                self._scaling[key] = scaling
+                return
             self._upsert_pod(key, obj)
             return
         if kind == "PodDisruptionBudget":
@@ -357,6 +383,10 @@ class Cache:
 
     def _delete(self, kind: str, key: str, obj: Mapping[str, Any]) -> None:
         if kind == "Pod":
+            if self._reservations.pop(key, None) is not None:
+                return
+            if self._scaling.pop(key, None) is not None:
+                return
             uid = (obj.get("metadata") or {}).get("uid") or self._pod_uid.get(key, "")
             self._drop_pod(uid, key)
             return
@@ -760,6 +790,36 @@ class Cache:
     def restored(self, gang: str) -> None:
         """A moved gang is being bound again."""
         self._restoring.bound(gang)
+
+    def reservations(self) -> tuple[Reservation, ...]:
+        """The GPU reservation pods the watch shows, by name."""
+        return tuple(self._reservations[k] for k in sorted(self._reservations))
+
+    def scaling_pods(self) -> tuple[ScalingPod, ...]:
+        """The scaling pods the watch shows, by name."""
+        return tuple(self._scaling[k] for k in sorted(self._scaling))
+
+    def shared_devices_in_use(self) -> set[tuple[str, int]]:
+        """(node, device) pairs that sharing pods use: bound ones as the watch shows them,
+        plus assumed ones (their binds may be in flight), so a reservation pod created for a
+        gang being bound is never collected under it."""
+        used = devices_in_use(r.pod for r in self._pods.values() if r.pod is not None)
+        for uid, assumption in self._assumed.items():
+            record = self._pods.get(uid)
+            if record is not None and record.pod is not None and is_sharer(record.pod):
+                used.update((assumption.node, i) for i, _ in assumption.grant)
+        return used
+
+    def sharers(self, node: str, device: int) -> tuple[Pod, ...]:
+        """Bound, active sharing pods on ``device`` of ``node`` (whose reservation pod could
+        not be restored are evicted: see :mod:`scheduler.commit.gpusharing`)."""
+        return tuple(
+            r.pod
+            for r in self._pods.values()
+            if r.pod is not None
+            and r.pod.node_name == node
+            and (node, device) in devices_in_use((r.pod,))
+        )
 
     def _api_present(self, kind: str) -> bool:
         """True when ``kind``'s API was listed (or an object of it seen) and is not absent."""

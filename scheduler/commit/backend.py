@@ -38,6 +38,7 @@ from scheduler.cluster.gang import Gang
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.commit.evict import EvictionMarks, evict_gang, group_by_victim_gang
+from scheduler.commit.gpusharing import GpuSharing
 from scheduler.commit.nominations import DEFAULT_NOMINATION_TIMEOUT, NominatedGang, Nominations
 from scheduler.commit.staleness import StaleGang, StalenessTracker
 from scheduler.commit.status import StatusPublisher, pod_ref
@@ -121,8 +122,11 @@ class LiveBackend:
         grace: Callable[[Gang], float] | None = None,
         nomination_timeout: float = DEFAULT_NOMINATION_TIMEOUT,
         yield_every: float = _YIELD_EVERY_SECONDS,
+        sharing: GpuSharing | None = None,
     ) -> None:
         self.cache = cache
+        #: Reservation pods and device ConfigMaps for GPU-sharing pods (None: sharing off).
+        self.sharing = sharing
         #: Longest stretch a commit assumes and dispatches gangs without letting binds run.
         self.yield_every = yield_every
         self.writer = writer
@@ -193,6 +197,8 @@ class LiveBackend:
             self.status = StatusPublisher(self.writer)
             self.staleness = StalenessTracker()
             self._led = True
+        if self.sharing is not None:
+            self.sharing.note_cycle(snapshot, placement)
         pods = {p.key: p for p in snapshot.pods}
         dispatched = self._settle_nominations(pods, cycle)
         placed = [o for o in placement.outcomes.values() if o.placed and o.pods]
@@ -266,7 +272,8 @@ class LiveBackend:
         """Start binding an assumed gang in the background; the number of pods."""
         self.cache.restored(o.gang)
         task = asyncio.create_task(
-            bind_gang(o, pods, self.writer, self.cache, cycle=cycle), name=f"bind-{o.gang}"
+            bind_gang(o, pods, self.writer, self.cache, cycle=cycle, sharing=self.sharing),
+            name=f"bind-{o.gang}",
         )
         self._binding[o.gang] = task
         task.add_done_callback(functools.partial(self._bound, o.gang))

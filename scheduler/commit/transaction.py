@@ -36,6 +36,7 @@ from typing import Any, Protocol
 import structlog
 
 from scheduler.cluster.pod import Pod
+from scheduler.commit.gpusharing import GpuSharing
 from scheduler.commit.volumebind import VolumeReservations, bind_volumes, reserve_volumes
 from scheduler.k8s.writer import BindOutcome, Writer
 from scheduler.solver.placement import GangOutcome, PodAssignment
@@ -138,14 +139,28 @@ async def bind_gang(
     cache: Assumer,
     *,
     cycle: int = 0,
+    sharing: GpuSharing | None = None,
 ) -> GangCommit:
     """Bind every member assumed by :func:`assume_gang` and settle each outcome in the cache.
 
+    With ``sharing``, the devices of GPU-sharing members are held (reservation pods) before
+    any bind, and each bound sharer's device ConfigMap is written.
     Never raises for API errors.
     """
     result = GangCommit(outcome.gang)
     queue = outcome.queue or None
     assignments: Sequence[PodAssignment] = list(outcome.pods)
+    # Devices first: a reservation pod left by a failed gang is collected, while a volume
+    # bound to a node is not undone.
+    if sharing is not None:
+        problem = await sharing.hold(assignments, pods)
+        if problem is not None:
+            log.warning("gpu_reservation_refused", gang=outcome.gang, error=problem, cycle=cycle)
+            for a in assignments:
+                cache.forget(a.pod_uid)
+            result.skipped = True
+            result.failed = [(a, problem) for a in assignments]
+            return result
     problem = await bind_volumes(outcome, writer, cache.volumes, cycle=cycle)
     if problem is not None:
         for a in assignments:
@@ -198,6 +213,8 @@ async def bind_gang(
             error=error,
             cycle=cycle,
         )
+    if sharing is not None and result.bound:
+        await asyncio.gather(*(sharing.fill(a, pods[a.pod_key]) for a in result.bound))
     if result.partial:
         log.warning(
             "gang_partial",

@@ -84,6 +84,8 @@ CLUSTER_RULES: tuple[Rule, ...] = (
     # /debug/snapshot checks its caller's token and rights (TokenReview, SubjectAccessReview).
     Rule(("authentication.k8s.io",), ("tokenreviews",), ("create",)),
     Rule(("authorization.k8s.io",), ("subjectaccessreviews",), ("create",)),
+    # GPU sharing: each sharing pod's device ConfigMap, written (never read) at bind.
+    Rule(("",), ("configmaps",), ("create", "update")),
 )
 
 #: The Role in the scheduler's namespace: its leader-election Lease.

@@ -14,6 +14,7 @@ from urllib.parse import quote
 __all__ = [
     "BINDING",
     "CLUSTER_SCOPED_KINDS",
+    "CONFIG_MAP",
     "DEGRADABLE_KINDS",
     "EVENT",
     "KINDS",
@@ -96,6 +97,8 @@ PERSISTENT_VOLUME = ResourceKind(
 STORAGE_CLASS = ResourceKind(
     "StorageClass", "storage.k8s.io", "v1", "storageclasses", namespaced=False
 )
+#: Written, not watched: the device ConfigMaps of GPU-sharing pods.
+CONFIG_MAP = ResourceKind("ConfigMap", "", "v1", "configmaps", namespaced=True)
 #: Written, not watched.
 BINDING = ResourceKind("Binding", "", "v1", "bindings", namespaced=True)
 EVENT = ResourceKind("Event", "events.k8s.io", "v1", "events", namespaced=True)

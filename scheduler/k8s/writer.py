@@ -470,6 +470,39 @@ class Writer:
             return None
         return out if isinstance(out, dict) else None
 
+    async def create_object(
+        self, kind: ResourceKind, namespace: str | None, body: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """POST a new object (temporary errors retried); :class:`Conflict` if it exists."""
+        out = await self._retry(
+            lambda: self._request("POST", kind.list_path(namespace), body=dict(body))
+        )
+        return out if isinstance(out, dict) else {}
+
+    async def replace_object(
+        self, kind: ResourceKind, namespace: str | None, name: str, body: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """PUT an object whole (temporary errors retried)."""
+        out = await self._retry(
+            lambda: self._request("PUT", kind.object_path(namespace, name), body=dict(body))
+        )
+        return out if isinstance(out, dict) else {}
+
+    async def delete_object(
+        self, kind: ResourceKind, namespace: str | None, name: str, uid: str = ""
+    ) -> bool:
+        """DELETE an object (only that incarnation when ``uid`` is given); False if gone."""
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        try:
+            await self._retry(
+                lambda: self._request("DELETE", kind.object_path(namespace, name), body=body)
+            )
+        except (NotFound, Conflict):
+            return False
+        return True
+
     # ------------------------------------------------------------------ status of CRDs
 
     async def patch_podgroup_status(

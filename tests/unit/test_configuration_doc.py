@@ -15,7 +15,7 @@ import yaml
 from scheduler.config import ConfigError, SchedulerConfig, parse_config
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
-NESTED = ("placement", "leaderElection")
+NESTED = ("placement", "leaderElection", "gpuSharing")
 
 
 def accepted(data: dict[str, object], prefix: str) -> set[str]:

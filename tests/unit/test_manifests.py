@@ -63,10 +63,16 @@ REQUIRED_CLUSTER_PERMISSIONS: set[tuple[str, str, str]] = {
     # GET /debug/snapshot reviews the caller's token and access (scheduler.debug_snapshot).
     ("authentication.k8s.io", "tokenreviews", "create"),
     ("authorization.k8s.io", "subjectaccessreviews", "create"),
+    # GPU sharing writes each sharing pod's device ConfigMap (never reads ConfigMaps).
+    ("", "configmaps", "create"),
+    ("", "configmaps", "update"),
 }
 REQUIRED_LEASE_PERMISSIONS = {
     ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update", "patch")
 }
+# GPU sharing's reservation pods, in their own namespace only (manifests/25-gpu-sharing.yaml).
+RESERVATION_NAMESPACE = "kai-resource-reservation"
+REQUIRED_RESERVATION_PERMISSIONS = {("", "pods", v) for v in ("get", "create", "delete")}
 
 
 def _load_all(path: Path) -> list[Doc]:
@@ -222,12 +228,14 @@ def test_rbac_has_no_wildcards(verbs_or_resources: str) -> None:
 def test_rbac_grants_exactly_what_the_scheduler_needs() -> None:
     docs = _scheduler_objects(_plain_docs())
     (cluster_role,) = _by_kind(docs, "ClusterRole")
-    (role,) = _by_kind(docs, "Role")
+    roles = {r["metadata"]["namespace"]: r for r in _by_kind(docs, "Role")}
     granted = _triples(cluster_role["rules"])
-    assert not {t for t in granted if t[1] in ("secrets", "configmaps")}
+    assert not {t for t in granted if t[1] == "secrets"}
+    assert {t[2] for t in granted if t[1] == "configmaps"} == {"create", "update"}
     assert granted == REQUIRED_CLUSTER_PERMISSIONS
-    assert role["metadata"]["namespace"] == "kai-scheduler"
-    assert _triples(role["rules"]) == REQUIRED_LEASE_PERMISSIONS
+    assert set(roles) == {"kai-scheduler", RESERVATION_NAMESPACE}
+    assert _triples(roles["kai-scheduler"]["rules"]) == REQUIRED_LEASE_PERMISSIONS
+    assert _triples(roles[RESERVATION_NAMESPACE]["rules"]) == REQUIRED_RESERVATION_PERMISSIONS
 
 
 def test_chart_rbac_rules_match_plain_manifests() -> None:
@@ -240,8 +248,13 @@ def test_chart_rbac_rules_match_plain_manifests() -> None:
 def test_rbac_bindings_point_at_the_service_account() -> None:
     docs = _scheduler_objects(_plain_docs())
     (sa,) = _by_kind(docs, "ServiceAccount")
-    for kind in ("ClusterRoleBinding", "RoleBinding"):
-        (binding,) = _by_kind(docs, kind)
+    roles = {(r["kind"], r["metadata"]["name"]) for r in _by_kind(docs, "ClusterRole")}
+    roles |= {(r["kind"], r["metadata"]["name"]) for r in _by_kind(docs, "Role")}
+    bindings = _by_kind(docs, "ClusterRoleBinding") + _by_kind(docs, "RoleBinding")
+    # One binding per role, each to the scheduler's ServiceAccount.
+    assert {(b["roleRef"]["kind"], b["roleRef"]["name"]) for b in bindings} == roles
+    assert len(bindings) == len(roles)
+    for binding in bindings:
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": "kai-scheduler"}
         ]
