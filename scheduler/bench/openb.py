@@ -20,6 +20,12 @@ the largest allocation the arrived pods allow (see :func:`share_gap_bound`).
 places every pod arriving before 90 % of capacity (``placed_all_of_first_90pct`` says whether
 ours did on every seed; a few 8-GPU pods can miss): the ceiling at 130 % for any policy that
 does not hold back pods which fit while the cluster is still filling.
+
+``lp_bound`` (:mod:`scheduler.bench.openb_bound`) is a linear program over the node shapes
+that also sees GPU-model pins, CPU, memory and device counts: ``100`` and ``130`` are the
+ceilings for any scheduler at 100 % and 130 % arrived (the latter is 100: enough has
+arrived to fill every shape), ``130_first90`` the ceiling at 130 % for any scheduler that
+places the pods this run placed before 90 % arrived (how much its later decisions left).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, cast
 
+from scheduler.bench.openb_bound import lp_bound
 from scheduler.cluster.node import GPU_MILLI
 from scheduler.simulate.replay import Engine, Policy, ReplaySettings, auto_engine, replay
 from scheduler.simulate.trace import (
@@ -70,6 +77,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--inflate", type=float, default=1.3, help="GPU demand / capacity")
     p.add_argument("--workers", type=int, default=2, help="worker processes")
     p.add_argument("--policy", choices=["frag", "fgd", "bestfit"], default="frag")
+    p.add_argument(
+        "--scarcity-weight",
+        type=float,
+        default=1.0,
+        help="weight of the model-scarcity term (0: off); the greedy engine only (batch 1): "
+        "the live cycle uses the scorer's default, 1",
+    )
     p.add_argument("--mix", default=None, help=f"re-sample the pods; knobs {', '.join(MIX_KEYS)}")
     p.add_argument(
         "--slice",
@@ -161,7 +175,7 @@ def _prefix(pods: Sequence[TracePod], milli: float, batch: int) -> int:
     return len(pods)
 
 
-Job = tuple[list[TraceNode], list[TracePod], int, int, str, float, str | None, str]
+Job = tuple[list[TraceNode], list[TracePod], int, int, str, float, str | None, str, float]
 
 
 def _engine(engine: str, batch: int, policy: str) -> Engine:
@@ -169,13 +183,13 @@ def _engine(engine: str, batch: int, policy: str) -> Engine:
 
 
 def _one(job: Job) -> dict[str, Any]:
-    nodes, pods, seed, batch, policy, inflate_to, mix, engine = job
+    nodes, pods, seed, batch, policy, inflate_to, mix, engine, scarcity = job
     _quiet()
     ordered = arrival_order(pods, nodes, seed=seed, inflate_to=inflate_to, mix=parse_mix(mix))
     result = replay(
         nodes,
         ordered,
-        ReplaySettings(batch=batch, policy=cast(Policy, policy)),
+        ReplaySettings(batch=batch, policy=cast(Policy, policy), scarcity_weight=scarcity),
         engine=_engine(engine, batch, policy),
     )
     placed = {pl.pod for pl in result.placements}
@@ -183,10 +197,9 @@ def _one(job: Job) -> dict[str, Any]:
     prefix = _prefix(ordered, cap, batch)
     first90 = ordered[: _prefix(ordered, 0.9 * cap, 1)]
     target = TARGETS.get(str(batch), {}).get("130")
+    prefix130 = _prefix(ordered, 1.3 * cap, batch)
     joint = (
-        share_gap_bound(
-            ordered[:prefix], cap, ordered[: _prefix(ordered, 1.3 * cap, batch)], target
-        )
+        share_gap_bound(ordered[:prefix], cap, ordered[:prefix130], target)
         if target is not None
         else None
     )
@@ -195,11 +208,27 @@ def _one(job: Job) -> dict[str, Any]:
         "batch": batch,
         "ratios": result.summary()["allocation_ratio_at_arrived"],
         "bound100": round(share_gap_bound(ordered[:prefix], cap), 2),
+        "lp100": _round(lp_bound(ordered[:prefix], nodes)),
+        "lp130": _round(lp_bound(ordered[:prefix130], nodes)),
+        # For any scheduler that places (at least) the pods ours placed before 90 % arrived.
+        "lp130_first90": _round(
+            lp_bound(ordered[:prefix130], nodes, [p for p in first90 if p.name in placed])
+        ),
         "bound130": round(placed_gap_bound(first90, ordered, cap), 2),
         "joint100": None if joint is None else round(joint, 2),
         "placed_first90": all(p.name in placed for p in first90),
         "seconds": round(result.seconds, 1),
     }
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 2)
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    """Median of the values that exist (None when none does)."""
+    known = [v for v in values if v is not None]
+    return round(statistics.median(known), 2) if known else None
 
 
 def _quiet() -> None:
@@ -234,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     start = time.perf_counter()
     jobs = [
-        (nodes, pods, s, b, args.policy, args.inflate, args.mix, args.engine)
+        (nodes, pods, s, b, args.policy, args.inflate, args.mix, args.engine, args.scarcity_weight)
         for b in batches
         for s in seeds
     ]
@@ -262,6 +291,15 @@ def run(args: argparse.Namespace) -> int:
             "per_seed": {r["seed"]: [r["ratios"]["100"], r["ratios"]["130"]] for r in mine},
             "upper_bound_at_100_median": round(statistics.median(r["bound100"] for r in mine), 2),
             "upper_bound_at_100_per_seed": {r["seed"]: r["bound100"] for r in mine},
+            # The LP over node shapes (GPU models, CPU, memory, devices; openb_bound.py): at
+            # 100 % and 130 % arrived, and at 130 % for a scheduler that also places the pods
+            # ours placed before 90 % arrived.
+            "lp_bound_median": {
+                k: _median([r[f"lp{k}"] for r in mine]) for k in ("100", "130", "130_first90")
+            },
+            "lp_bound_per_seed": {
+                r["seed"]: [r["lp100"], r["lp130"], r["lp130_first90"]] for r in mine
+            },
             "upper_bound_at_130_if_first_90pct_placed_median": round(
                 statistics.median(r["bound130"] for r in mine), 2
             ),

@@ -13,9 +13,12 @@ two more tasks, and a device whose room is not a multiple of the common task siz
 holds two 470 tasks, 60 are lost). The *fill* view counts what copies of each type could
 take one after another; the default (``mixed``) averages both views.
 
-A pod goes where its placement raises fragmentation least. The same measure picks the device
-of a fractional pod. This module holds the vectorised arithmetic (numpy over many candidate
-node states at once) and :class:`FragmentationScorer`, the per-node scorer the greedy calls.
+A pod goes where its placement raises fragmentation least, plus what it costs the pods
+that can only run on that node's GPU model (:func:`model_scarcity`): fragmentation weighs
+task types by popularity and does not see that a model's remaining capacity may already be
+spoken for by pods pinned to it. The same measure picks the device of a fractional pod.
+This module holds the vectorised arithmetic (numpy over many candidate node states at once)
+and :class:`FragmentationScorer`, the per-node scorer the greedy calls.
 
 All arrays use GPU thousandths (``GPU_MILLI`` = one whole device). Devices a node does not
 have are written as 0 free: like a fully used device they hold nothing and fit nothing.
@@ -23,7 +26,7 @@ have are written as 0 free: like a fully used device they hold nothing and fit n
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -46,6 +49,9 @@ __all__ = [
     "candidate_fragmentation",
     "device_sums",
     "fragmentation",
+    "free_gpu_by_model",
+    "model_scarcity",
+    "pinned_demand",
     "refresh_due",
     "scorer_for_snapshot",
     "task_type",
@@ -315,6 +321,55 @@ def candidate_fragmentation(
     return fragmentation(mix, g, after, cpu_after, mem_after, model[cand.node])
 
 
+def pinned_demand(mix: WorkloadMix) -> dict[tuple[str, ...], float]:
+    """GPU thousandths the mix's tasks ask for, per allowed-model set (``()`` = any model)."""
+    out: dict[tuple[str, ...], float] = {}
+    for t, n in mix.counts.items():
+        if t.gpus:
+            out[t.models] = out.get(t.models, 0.0) + n * t.gpus * t.milli
+    return out
+
+
+def model_scarcity(
+    demand: Mapping[tuple[str, ...], float], free: Mapping[str, int]
+) -> dict[str, float]:
+    """Per GPU model, the share of its free thousandths that pods able to run only on a
+    set of models including it are expected to need (capped at 1).
+
+    ``demand``: GPU thousandths asked per allowed-model set (``()`` = any), read as the
+    shape of future demand; ``free``: free thousandths per model. Future GPU demand is taken
+    to be at least what is free (the cluster will be asked to fill), so a set ``A`` holding
+    share ``d_A`` of the demand expects ``d_A * F`` thousandths, spread over its models in
+    proportion to their free capacity: model ``m`` gets ``F * sum_{A ∋ m} d_A / F_A`` per
+    free thousandth. At 1 every free thousandth of ``m`` is spoken for: a pod that could go
+    elsewhere and takes it there displaces a pinned pod, which has nowhere else to go.
+    Unpinned demand raises every model alike and is left out (only differences rank nodes).
+    """
+    total_demand = sum(demand.values())
+    total_free = sum(max(0, f) for f in free.values())
+    out = dict.fromkeys(free, 0.0)
+    if total_demand <= 0 or total_free <= 0:
+        return out
+    for models, d in demand.items():
+        room = [m for m in models if free.get(m, 0) > 0]
+        free_a = sum(free[m] for m in room)
+        if not models or free_a <= 0 or free_a >= total_free:
+            continue  # any model, or a set covering all free capacity: no model is special
+        per = total_free * (d / total_demand) / free_a
+        for m in room:
+            out[m] += per
+    return {m: min(1.0, v) for m, v in out.items()}
+
+
+def free_gpu_by_model(nodes: Iterable[tuple[str | None, Sequence[int]]]) -> dict[str, int]:
+    """Free GPU thousandths per model from (model, free thousandths per device) rows."""
+    out: dict[str, int] = {}
+    for model, gpu_free in nodes:
+        if model:
+            out[model] = out.get(model, 0) + sum(max(0, f) for f in gpu_free)
+    return out
+
+
 def refresh_due(new: int, before: int, every: int, growth: float) -> bool:
     """Whether a mix that had ``before`` tasks at its last rebuild and ``new`` more since
     should be rebuilt: after ``every`` more, or ``growth`` x ``before`` more if that is more
@@ -332,6 +387,10 @@ class FragmentationScorer:
     from the next :meth:`refresh`, which belongs *between* cycles (the greedy caches scores
     per node class). The score reads only free CPU,
     memory, per-device thousandths and the GPU model label, as the contract requires.
+
+    ``capacity`` (free GPU thousandths per model, read at every rebuild) turns on the
+    model-scarcity term: each thousandth a pod takes on a model costs
+    ``scarcity_weight * model_scarcity(...)[model]`` more (see :func:`model_scarcity`).
     """
 
     def __init__(
@@ -341,8 +400,14 @@ class FragmentationScorer:
         *,
         refresh_every: int = 64,
         refresh_growth: float = 0.0,
+        capacity: Callable[[], Mapping[str, int]] | None = None,
+        scarcity_weight: float = 1.0,
     ) -> None:
         self.mix = mix if mix is not None else WorkloadMix()
+        self.capacity = capacity
+        self.scarcity_weight = scarcity_weight
+        #: model -> extra cost per thousandth taken there (from the last rebuild)
+        self.scarcity: dict[str, float] = {}
         self.models: list[str] = list(models)
         #: :meth:`refresh` rebuilds the mix arrays only after max(refresh_every,
         #: refresh_growth x pods seen) more observed pods: the mix drifts slowly, and a fixed
@@ -375,6 +440,9 @@ class FragmentationScorer:
         self._arrays = self.mix.arrays(self.models)
         self._version = self.mix.version
         self._memo.clear()
+        if self.capacity is not None and self.scarcity_weight:
+            # Only between cycles, like the mix: scores stay fixed inside a placement pass.
+            self.scarcity = model_scarcity(pinned_demand(self.mix), self.capacity())
         self.generation += 1
 
     def refresh(self) -> bool:
@@ -422,6 +490,7 @@ class FragmentationScorer:
         Equal increases (rounded to 1e-6) are broken towards packing: the node with the
         least free GPU afterwards wins (a term below 1e-6 for up to 9 devices; ties are
         common and measured worth about 0.6 points of allocation on the openb trace).
+        With ``capacity`` set, the thousandths taken cost the model's scarcity on top.
         """
         model = node.node.gpu_model
         cpu = node.free.get(CPU, 0)
@@ -433,6 +502,8 @@ class FragmentationScorer:
         cpu_after = cpu - demand.requests.get(CPU, 0)
         mem_after = mem - demand.requests.get(MEMORY, 0) // MIB
         delta = self.node_fragmentation(cpu_after, mem_after, after, model) - before
+        if self.scarcity and model:
+            delta += self.scarcity_weight * self.scarcity.get(model, 0.0) * sum(m for _, m in grant)
         return round(delta, 6) + TIE_SCALE * sum(max(0, f) for f in after)
 
     def pick_devices(self, node: NodeView, demand: PodDemand) -> tuple[int, ...] | None:
@@ -511,12 +582,16 @@ def task_type(pod: Pod) -> TaskType:
     )
 
 
-def scorer_for_snapshot(snapshot: Snapshot) -> FragmentationScorer:
+def scorer_for_snapshot(
+    snapshot: Snapshot, free: Mapping[str, int] | None = None
+) -> FragmentationScorer:
     """A scorer whose target workload is every live pod in ``snapshot`` (running and
-    pending): the cluster's own mix is the best guess of what arrives next."""
+    pending): the cluster's own mix is the best guess of what arrives next. ``free`` (GPU
+    thousandths free per model before the cycle) turns on the model-scarcity term."""
     mix = WorkloadMix()
     for pod in snapshot.pods:
         if pod.active:
             mix.add(task_type(pod))
     models = sorted({m for n in snapshot.nodes if (m := n.gpu_model)})
-    return FragmentationScorer(mix, models)
+    frozen = dict(free) if free is not None else None
+    return FragmentationScorer(mix, models, capacity=None if frozen is None else lambda: frozen)

@@ -15,8 +15,8 @@ FGD paper's rule). Three engines run the cycles:
   and one queue, the skipped stages have nothing to decide. One difference: its workload
   mix counts every arrival, the cycle's only the pods alive in the snapshot.
 - ``arrays`` (:mod:`scheduler.simulate.replay_arrays`): a vectorised re-implementation with
-  the same arithmetic: seconds per replay; a cross-check, and the only engine with the
-  ``fgd`` baseline policy.
+  the same fragmentation arithmetic (but not the model-scarcity term): seconds per replay; a
+  cross-check, and the only engine with the ``fgd`` baseline policy.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from scheduler.cluster.node import GPU_MILLI
-from scheduler.plugins.fragmentation import FragmentationScorer, Measure
+from scheduler.plugins.fragmentation import FragmentationScorer, Measure, free_gpu_by_model
 from scheduler.simulate.replay_arrays import CycleEngine, Outcome, array_engine, mix_for, trace_task
 from scheduler.simulate.replay_timeline import DeviceLedger, ReplaySample
 from scheduler.simulate.trace import (
@@ -97,6 +97,8 @@ class ReplaySettings:
     cpu_only_in_mix: bool = True
     measure: Measure = "mixed"
     coverage: float = 1.0
+    #: Weight of the model-scarcity term (0 turns it off; see fragmentation.model_scarcity).
+    scarcity_weight: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +159,10 @@ def _greedy_engine(nodes: Sequence[TraceNode], settings: ReplaySettings) -> Cycl
         sorted({n.model for n in nodes if n.gpus}),
         refresh_every=settings.refresh_every,
         refresh_growth=settings.refresh_growth,
+        capacity=lambda: free_gpu_by_model(
+            (s.node.gpu_model, s.gpu_free) for s in state.nodes.values()
+        ),
+        scarcity_weight=settings.scarcity_weight,
     )
     # One index for the whole replay: between refreshes of the mix a class keeps its score,
     # so a cycle re-ranks only the classes the previous one changed.

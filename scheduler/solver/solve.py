@@ -36,6 +36,7 @@ import contextlib
 import gc
 import time
 from collections.abc import Iterator, Sequence
+from functools import partial
 
 import structlog
 
@@ -44,12 +45,13 @@ from scheduler.cluster.snapshot import Snapshot
 from scheduler.explain.codes import POD_AFFINITY, POD_ANTI_AFFINITY, TOPOLOGY_SPREAD
 from scheduler.fairness import FairShareReport, compute_fair_shares
 from scheduler.framework.scoring import NodeScorer
-from scheduler.plugins.fragmentation import scorer_for_snapshot
+from scheduler.plugins.fragmentation import free_gpu_by_model, scorer_for_snapshot
 from scheduler.plugins.packing import PackingScorer
+from scheduler.solver.batch_order import better_batch
 from scheduler.solver.cpsat import CpResult
 from scheduler.solver.cpsat_topology import place_ruled_exactly
-from scheduler.solver.greedy import GreedyResult, place_gangs
-from scheduler.solver.hybrid import current_classes
+from scheduler.solver.greedy import GangRequest, GreedyResult, place_gangs
+from scheduler.solver.hybrid import admission_key, current_classes
 from scheduler.solver.outcomes import capacities, gang_outcomes
 from scheduler.solver.placement import (
     Placement,
@@ -166,10 +168,12 @@ def _solve(
     packing = PackingScorer(settings.gpu_strategy, settings.cpu_strategy)
     spread = settings.gpu_strategy == "spread"
 
-    def run_greedy(state: ClusterState, scorer: NodeScorer) -> GreedyResult:
+    def run_greedy(
+        state: ClusterState, scorer: NodeScorer, order: Sequence[GangRequest] | None = None
+    ) -> GreedyResult:
         return place_gangs(
             state,
-            problem.order,
+            problem.order if order is None else order,
             scorer,
             book=QueueBook(snapshot.queue_tree, report),
             spread_devices=spread,
@@ -178,9 +182,24 @@ def _solve(
 
     try:
         if scorer is None and settings.scoring == "fragmentation":
-            scorer = scorer_for_snapshot(snapshot)
+            scorer = scorer_for_snapshot(
+                snapshot,
+                free_gpu_by_model((s.node.gpu_model, s.gpu_free) for s in state.nodes.values()),
+            )
         scorer = scorer or packing
         greedy = run_greedy(state, scorer)
+        if not settings.greedy_only:
+            # The batch as a whole (fragmentation scorer, batches up to 128 gangs): a second,
+            # largest-first pass.
+            greedy = better_batch(
+                state,
+                problem.order,
+                greedy,
+                scorer,
+                partial(run_greedy, state, scorer),
+                partial(admission_key, problem),
+                cycle,
+            )
     except Exception:
         if scorer is packing:
             raise
