@@ -10,32 +10,27 @@ unused one only on its second unused pass.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from scheduler.cache import Cache
 from scheduler.cluster.gpusharing import RESERVATION_LABEL, SCALING_LABEL, VISIBLE_DEVICES_KEY
 from scheduler.commit import LiveBackend
 from scheduler.commit.gpusharing import RESTORE_PASSES, SCALE_FOR, GpuSharing
 from scheduler.cycle import run_cycle
 from scheduler.k8s.resources import CONFIG_MAP
-from scheduler.k8s.watch import Watcher, WatchSettings
 from scheduler.k8s.writer import Writer
 from scheduler.solver import PlacementSettings
 from scheduler.solver.placement import PodAssignment
 from testenv.controlplane import ControlPlane
-from tests.integration.support import eventually, kubectl
+from tests.integration.support import eventually, kubectl, watched
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
 #: Nobody else schedules these pods: only the cycles run by the test bind them.
 SCHED = "kai-scheduler-gpu-sharing"
-FAST = WatchSettings(watch_timeout=5, backoff_base=0.1, backoff_max=0.5, read_grace=5)
 
 
 def share_pod(name: str, fraction: str = "0.5") -> str:
@@ -59,20 +54,6 @@ def share_pod(name: str, fraction: str = "0.5") -> str:
     )
 
 
-@contextlib.asynccontextmanager
-async def watched(api: ApiClient) -> AsyncIterator[Cache]:
-    """A cache kept current by a running watcher."""
-    cache = Cache(SCHED, "default-queue")
-    watcher = Watcher(api, cache, settings=FAST)
-    task = asyncio.create_task(watcher.run())
-    try:
-        await asyncio.wait_for(watcher.synced.wait(), 30)
-        yield cache
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-
 async def reservation_pods(cp: ControlPlane, namespace: str) -> list[dict[str, Any]]:
     out = await kubectl(cp, "get", "pods", "-n", namespace, "-l", RESERVATION_LABEL, "-o", "json")
     items: list[dict[str, Any]] = json.loads(out)["items"]
@@ -87,7 +68,7 @@ async def test_reservation_held_filled_and_collected(
     for name in ("a", "b"):
         await kubectl(cp, "apply", "-n", namespace, "-f", "-", input=share_pod(name))
     writer = Writer(api)
-    async with watched(api) as cache:
+    async with watched(api, SCHED) as cache:
         await eventually("both sharers in the cache", lambda: len(cache.snapshot().pods) >= 2)
         # Reservation pods in the test's namespace keep tests apart (any namespace works).
         sharing = GpuSharing(cache, writer, namespace=namespace)
@@ -161,7 +142,7 @@ async def test_sharers_are_evicted_when_their_device_cannot_be_held_again(
     for name in ("a", "b"):
         await kubectl(cp, "apply", "-n", namespace, "-f", "-", input=share_pod(name))
     writer = Writer(api)
-    async with watched(api) as cache:
+    async with watched(api, SCHED) as cache:
         await eventually("both sharers in the cache", lambda: len(cache.snapshot().pods) >= 2)
         backend = LiveBackend(cache, writer, sharing=GpuSharing(cache, writer, namespace=namespace))
         report = await run_cycle(backend, PlacementSettings(), 1)
@@ -204,7 +185,7 @@ async def test_unplaceable_sharing_demand_shows_as_scaling_pods(
     for name in ("a", "b", "c"):
         await kubectl(cp, "apply", "-n", namespace, "-f", "-", input=pinned(name))
     writer = Writer(api)
-    async with watched(api) as cache:
+    async with watched(api, SCHED) as cache:
         await eventually("the pods in the cache", lambda: len(cache.snapshot().pods) >= 3)
         sharing = GpuSharing(cache, writer, namespace=namespace, scaling=True, scheduler_name=SCHED)
         backend = LiveBackend(cache, writer, sharing=sharing)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -25,13 +24,13 @@ from scheduler.cycle import run_cycle
 from scheduler.fairness import compute_fair_shares
 from scheduler.k8s.client import ClientSettings, make_api_client, open_stream, request_json
 from scheduler.k8s.resources import POD
-from scheduler.k8s.watch import Watcher, WatchSettings
+from scheduler.k8s.watch import Watcher
 from scheduler.k8s.writer import Writer
 from scheduler.metrics import SchedulerMetrics
 from scheduler.solver import PlacementSettings
 from scheduler.solver.placement import EvictAction, Eviction, GangOutcome, Placement, PodAssignment
 from testenv.controlplane import ControlPlane
-from tests.integration.support import eventually, kubectl
+from tests.integration.support import FAST_WATCH, eventually, kubectl, watched
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
@@ -39,7 +38,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 SCHED = "kai-scheduler-live-evictions"
 #: Cycles that only place (taking back is what the tests plan by hand).
 PLACE_ONLY = PlacementSettings(take_back=False)
-FAST = WatchSettings(watch_timeout=5, backoff_base=0.1, backoff_max=0.5, read_grace=5)
+FAST = FAST_WATCH
 
 
 def gpu_pod(
@@ -181,20 +180,6 @@ async def commit(backend: LiveBackend, snapshot: Snapshot, placement: Placement)
     await backend.flush()
 
 
-@contextlib.asynccontextmanager
-async def watched(api: ApiClient) -> AsyncIterator[Cache]:
-    """A cache kept current by a running watcher (every kind, PDBs included)."""
-    cache = Cache(SCHED, "default-queue")
-    watcher = Watcher(api, cache, settings=FAST)
-    task = asyncio.create_task(watcher.run())
-    try:
-        await asyncio.wait_for(watcher.synced.wait(), 30)
-        yield cache
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-
 # --- the writer ----------------------------------------------------------------------------
 
 
@@ -293,7 +278,7 @@ async def test_a_replica_that_does_not_lead_evicts_nothing(
     assert outcome.status == "not_leader" and not outcome
 
     # The whole commit path too: nothing nominated, evicted or bound.
-    async with watched(api) as cache:
+    async with watched(api, SCHED) as cache:
         await eventually("the cache sees both pods", lambda: cache.raw("Pod", namespace, "urgent"))
         snapshot = cache.snapshot()
         placement = take_back(
@@ -327,7 +312,7 @@ async def test_a_budget_that_allows_nothing_refuses_and_the_nomination_is_droppe
     }
     await create(cp, namespace, budget, gpu_pod("urgent"))
     metrics = SchedulerMetrics()
-    async with watched(api) as cache:
+    async with watched(api, SCHED) as cache:
 
         def budget_seen() -> Any:
             # The disruption controller has counted the healthy pod: nothing may go.
@@ -475,7 +460,7 @@ async def test_with_a_live_watch_the_gang_is_bound_once_its_victim_is_gone(
     (node,) = await asyncio.to_thread(make_gpu_nodes, 1, gpus=1)
     await create(cp, namespace, gpu_pod("low", node=node), gpu_pod("high"))
     victim = (await running(api, namespace, "low"))["low"]
-    async with watched(api) as cache:
+    async with watched(api, SCHED) as cache:
         await eventually("the cache sees high", lambda: cache.raw("Pod", namespace, "high"))
         backend = LiveBackend(cache, Writer(api), nomination_timeout=60.0)
         snapshot = cache.snapshot()
