@@ -234,10 +234,12 @@ class ReservationPlan:
 
 
 def devices_in_use(pods: Iterable[Pod]) -> set[tuple[str, int]]:
-    """(node, device) pairs that bound, active sharing pods use."""
+    """(node, device) pairs that bound, active sharing pods of this scheduler use. A
+    fractional pod of another scheduler (KAI's own, run side by side) is that scheduler's to
+    hold: counting it would make reservation pods for devices this one never granted."""
     used: set[tuple[str, int]] = set()
     for pod in pods:
-        if pod.node_name is None or not pod.active or pod.deleting:
+        if pod.node_name is None or not pod.active or pod.deleting or not pod.managed:
             continue
         for device in shared_devices(pod):
             used.add((pod.node_name, device))

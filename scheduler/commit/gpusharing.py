@@ -138,8 +138,13 @@ class GpuSharing:
         #: (node, device) -> consecutive passes its sharers had no live reservation pod.
         self._missing: dict[tuple[str, int], int] = {}
 
+    def _ours(self) -> list[Reservation]:
+        """Reservation pods in this scheduler's namespace: the only ones it may create or
+        delete (and the only ones its RBAC reaches); any elsewhere are not its to manage."""
+        return [r for r in self.cache.reservations() if r.namespace == self.namespace]
+
     def _live(self) -> dict[tuple[str, int], Reservation]:
-        return {(r.node, r.device): r for r in self.cache.reservations() if not r.gone}
+        return {(r.node, r.device): r for r in self._ours() if not r.gone}
 
     async def _create(self, node: str, device: int) -> str | None:
         """Create the reservation pod of (node, device); None when it exists now."""
@@ -218,7 +223,7 @@ class GpuSharing:
         """One garbage-collection pass; (deleted, recreated)."""
         if not self.is_leader():
             return 0, 0
-        reservations = self.cache.reservations()
+        reservations = self._ours()
         plan = plan_reservations(reservations, self.cache.shared_devices_in_use())
         unused = {r.name for r in plan.delete}
         self._unused = {n: self._unused.get(n, 0) + 1 for n in unused}

@@ -16,7 +16,14 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiClient
 
-from scheduler.cluster.gpusharing import RESERVATION_LABEL, SCALING_LABEL, VISIBLE_DEVICES_KEY
+from scheduler.cache import Cache
+from scheduler.cluster.gpusharing import (
+    RESERVATION_LABEL,
+    SCALING_LABEL,
+    VISIBLE_DEVICES_KEY,
+    Reservation,
+)
+from scheduler.cluster.pod import Pod
 from scheduler.commit import LiveBackend
 from scheduler.commit.gpusharing import RESTORE_PASSES, SCALE_FOR, GpuSharing
 from scheduler.cycle import run_cycle
@@ -54,6 +61,16 @@ def share_pod(name: str, fraction: str = "0.5") -> str:
     )
 
 
+def ours(cache: Cache, namespace: str) -> list[Pod]:
+    """The cache's pods of this test (the control plane is shared with other modules)."""
+    return [p for p in cache.snapshot().pods if p.namespace == namespace]
+
+
+def held(cache: Cache, namespace: str) -> list[Reservation]:
+    """Reservation pods of this test the watch shows (each test keeps its own namespace)."""
+    return [r for r in cache.reservations() if r.namespace == namespace]
+
+
 async def reservation_pods(cp: ControlPlane, namespace: str) -> list[dict[str, Any]]:
     out = await kubectl(cp, "get", "pods", "-n", namespace, "-l", RESERVATION_LABEL, "-o", "json")
     items: list[dict[str, Any]] = json.loads(out)["items"]
@@ -69,7 +86,7 @@ async def test_reservation_held_filled_and_collected(
         await kubectl(cp, "apply", "-n", namespace, "-f", "-", input=share_pod(name))
     writer = Writer(api)
     async with watched(api, SCHED) as cache:
-        await eventually("both sharers in the cache", lambda: len(cache.snapshot().pods) >= 2)
+        await eventually("both sharers in the cache", lambda: len(ours(cache, namespace)) >= 2)
         # Reservation pods in the test's namespace keep tests apart (any namespace works).
         sharing = GpuSharing(cache, writer, namespace=namespace)
         backend = LiveBackend(cache, writer, sharing=sharing)
@@ -99,7 +116,7 @@ async def test_reservation_held_filled_and_collected(
         assignment = PodAssignment(pod["metadata"]["uid"], f"{namespace}/b", "g", node)
         pods = {p.key: p for p in cache.snapshot().pods}
         assert await sharing.hold([assignment], pods) is None
-        await eventually("the watch shows the reservation", lambda: cache.reservations())
+        await eventually("the watch shows the reservation", lambda: held(cache, namespace))
         assert await sharing.hold([assignment], pods) is None
         assert [r["metadata"]["uid"] for r in await reservation_pods(cp, namespace)] == [uid]
 
@@ -109,16 +126,17 @@ async def test_reservation_held_filled_and_collected(
 
         # Deleted under live sharers: recreated.
         await kubectl(cp, "delete", "pod", "-n", namespace, reservation["metadata"]["name"])
-        await eventually("the cache lost the reservation", lambda: not cache.reservations())
+        await eventually("the cache lost the reservation", lambda: not held(cache, namespace))
         assert await sharing.collect() == (0, 1)
         (again,) = await reservation_pods(cp, namespace)
         assert again["metadata"]["uid"] != uid and again["spec"]["nodeName"] == node
-        await eventually("the watch shows it again", lambda: cache.reservations())
+        await eventually("the watch shows it again", lambda: held(cache, namespace))
 
         # Both sharers gone: deleted on the second unused pass, not the first.
         await kubectl(cp, "delete", "pod", "-n", namespace, "a", "b", "--wait=false")
         await eventually(
-            "the sharers are gone from the cache", lambda: not cache.shared_devices_in_use()
+            "the sharers are gone from the cache",
+            lambda: (node, 0) not in cache.shared_devices_in_use(),
         )
         assert await sharing.collect() == (0, 0)
         assert len(await reservation_pods(cp, namespace)) == 1
@@ -138,23 +156,23 @@ async def test_sharers_are_evicted_when_their_device_cannot_be_held_again(
     control_plane: ControlPlane, api: ApiClient, namespace: str, make_gpu_nodes: Any
 ) -> None:
     cp = control_plane
-    await asyncio.to_thread(make_gpu_nodes, 1, gpus=1)
+    (node,) = await asyncio.to_thread(make_gpu_nodes, 1, gpus=1)
     for name in ("a", "b"):
         await kubectl(cp, "apply", "-n", namespace, "-f", "-", input=share_pod(name))
     writer = Writer(api)
     async with watched(api, SCHED) as cache:
-        await eventually("both sharers in the cache", lambda: len(cache.snapshot().pods) >= 2)
+        await eventually("both sharers in the cache", lambda: len(ours(cache, namespace)) >= 2)
         backend = LiveBackend(cache, writer, sharing=GpuSharing(cache, writer, namespace=namespace))
         report = await run_cycle(backend, PlacementSettings(), 1)
         assert report.commit.dispatched_pods == 2, report.placement.outcomes
         await backend.flush()
-        await eventually("the watch shows the reservation", lambda: cache.reservations())
+        await eventually("the watch shows the reservation", lambda: held(cache, namespace))
 
         # The reservation pod is deleted, and recreating it is refused on every pass (here:
         # its namespace does not exist).
         (reservation,) = await reservation_pods(cp, namespace)
         await kubectl(cp, "delete", "pod", "-n", namespace, reservation["metadata"]["name"])
-        await eventually("the cache lost the reservation", lambda: not cache.reservations())
+        await eventually("the cache lost the reservation", lambda: not held(cache, namespace))
         broken = GpuSharing(cache, writer, namespace=f"{namespace}-missing")
         for _ in range(RESTORE_PASSES):
             assert await broken.collect() == (0, 0)
@@ -162,7 +180,7 @@ async def test_sharers_are_evicted_when_their_device_cannot_be_held_again(
         await broken.collect()
 
         def evicted() -> bool:
-            return not cache.shared_devices_in_use()
+            return (node, 0) not in cache.shared_devices_in_use()
 
         await eventually("both sharers evicted", evicted)
         for name in ("a", "b"):
@@ -186,7 +204,7 @@ async def test_unplaceable_sharing_demand_shows_as_scaling_pods(
         await kubectl(cp, "apply", "-n", namespace, "-f", "-", input=pinned(name))
     writer = Writer(api)
     async with watched(api, SCHED) as cache:
-        await eventually("the pods in the cache", lambda: len(cache.snapshot().pods) >= 3)
+        await eventually("the pods in the cache", lambda: len(ours(cache, namespace)) >= 3)
         sharing = GpuSharing(cache, writer, namespace=namespace, scaling=True, scheduler_name=SCHED)
         backend = LiveBackend(cache, writer, sharing=sharing)
         report = await run_cycle(backend, PlacementSettings(), 1)
@@ -210,18 +228,34 @@ async def test_unplaceable_sharing_demand_shows_as_scaling_pods(
         assert pod["spec"]["containers"][0]["resources"]["requests"] == {"nvidia.com/gpu": "1"}
         (condition,) = [c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"]
         assert (condition["status"], condition["reason"]) == ("False", "Unschedulable")
-        await eventually("the watch shows it", lambda: cache.scaling_pods())
+        await eventually(
+            "the watch shows it",
+            lambda: [s for s in cache.scaling_pods() if s.namespace == namespace],
+        )
         report = await run_cycle(backend, PlacementSettings(), 2)
         await backend.flush()
         assert report.commit.dispatched_pods == 0
         await sharing.collect()
-        assert [s.name for s in cache.scaling_pods()] == [pod["metadata"]["name"]]
+        assert [s.name for s in cache.scaling_pods() if s.namespace == namespace] == [
+            pod["metadata"]["name"]
+        ]
 
         # A node joins (as the autoscaler would add): c is placed, the scaling pod goes.
-        await asyncio.to_thread(make_gpu_nodes, 1, gpus=1, labels=tag)
-        await eventually("the new node in the cache", lambda: len(cache.snapshot().nodes) >= 2)
-        report = await run_cycle(backend, PlacementSettings(), 3)
-        await backend.flush()
+        (added,) = await asyncio.to_thread(make_gpu_nodes, 1, gpus=1, labels=tag)
+        await eventually(
+            "the new node in the cache, Ready with its GPU (kwok reports both after creation)",
+            lambda: any(
+                n.name == added and n.ready and n.gpu_count for n in cache.snapshot().nodes
+            ),
+        )
+        # The live loop runs a cycle on every change; the node's first versions (before
+        # kwok and the controllers finish with it) may not take c yet, a later cycle does.
+        for number in range(3, 23):
+            report = await run_cycle(backend, PlacementSettings(), number)
+            await backend.flush()
+            if report.commit.dispatched_pods:
+                break
+            await asyncio.sleep(0.5)
         assert report.commit.dispatched_pods == 1, report.placement.outcomes
         await sharing.collect()
         left = json.loads(

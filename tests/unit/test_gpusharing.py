@@ -196,6 +196,13 @@ def test_devices_in_use_counts_bound_active_sharers_only() -> None:
         _pod("pending", None, ()),
         whole,
         pod_from_k8s(done, scheduler_name=SCHEDULER, default_queue="q", gpu_grant=((2, 500),)),
+        # Another scheduler's sharer: held (or not) by that scheduler.
+        pod_from_k8s(
+            _k8s_pod("theirs", node="n3", annotations={"gpu-fraction": "0.5"}),
+            scheduler_name="another-scheduler",
+            default_queue="q",
+            gpu_grant=((0, 500),),
+        ),
     ]
     assert devices_in_use(pods) == {("n1", 0), ("n2", 1)}
 
