@@ -340,7 +340,13 @@ class DraIndex:
         """The snapshot's DRA part: every class and slice, the claims that hold devices or
         that the ``pending`` pod uids (tracked ones with usable claims) use, and the devices
         ``reserved`` by commits in flight."""
-        pod_claims = {uid: keys for uid in pending if (keys := self.claim_keys(uid))}
+        # A pod whose claims are all usable is listed even with none (every template entry
+        # said no claim was needed): the solver tells "no claims" from "claims unknown".
+        pod_claims = {
+            uid: self.claim_keys(uid)
+            for uid in pending
+            if isinstance(self.verdicts.get(uid), ClaimsReady)
+        }
         wanted = {k for keys in pod_claims.values() for k in keys}
         claims = [c for k, c in self.claims.items() if k in wanted or c.allocation is not None]
         return DraView.build(

@@ -157,6 +157,9 @@ class _PodState:
     #: The verdict on the pod's claims (None when it has none); the store keeps the same
     #: object while the verdict does not change, so an identity check finds changes.
     volumes: VolumeVerdict | None = None
+    #: Why the pod's ResourceClaims hold it back (reason code, message); None when they
+    #: do not (or it has none).
+    claims_wait: tuple[str, str] | None = None
     #: The pod after priority/overlay (None: left out of scheduling).
     ready: Pod | None = None
     #: ``namespace/group`` when the pod is a managed gang member, else "".
@@ -168,10 +171,14 @@ class _PodState:
 
 
 def _ready_pod(
-    rec: PodRecord, extra: Any, prio: int | None, volumes: VolumeVerdict | None = None
+    rec: PodRecord,
+    extra: Any,
+    prio: int | None,
+    volumes: VolumeVerdict | None = None,
+    claims_wait: tuple[str, str] | None = None,
 ) -> Pod | None:
-    """A record's pod with class priority, assumption and volume verdict applied; None when
-    left out."""
+    """A record's pod with class priority, assumption, volume verdict and ResourceClaim wait
+    applied; None when left out."""
     pod = rec.pod
     if pod is None or (not pod.managed and not (pod.bound and pod.active)):
         # Unreadable and unbound, or another scheduler's pending or finished pod:
@@ -194,6 +201,8 @@ def _ready_pod(
     ready = dataclasses.replace(pod, **changes) if changes else pod
     if volumes is not None and ready.managed and ready.node_name is None:
         ready = with_volumes(ready, volumes)
+    if claims_wait is not None and ready.managed and ready.node_name is None and not ready.blocked:
+        ready = dataclasses.replace(ready, blocked=claims_wait)
     return ready
 
 
@@ -233,11 +242,13 @@ class Resolver:
         overlay: Mapping[str, tuple[str, GpuGrant]] | None = None,
         podgroup_api: bool = True,
         volumes: Mapping[str, VolumeVerdict] | None = None,
+        claims_waits: Mapping[str, tuple[str, str]] | None = None,
     ) -> Resolution:
         """The resolution of ``records`` (by uid) and ``podgroups`` (by ``namespace/name``);
         arguments as for :func:`resolve`."""
         overlay = overlay or {}
         volumes = volumes or {}
+        claims_waits = claims_waits or {}
         everything = dict(priorities) != self._priorities or podgroup_api != self._podgroup_api
         if everything:
             self._priorities = dict(priorities)
@@ -266,6 +277,7 @@ class Resolver:
             extra = overlay.get(uid)
             prio = None if rec.has_priority else priorities.get(rec.priority_class)
             verdict = volumes.get(uid) if rec.claims else None
+            wait = claims_waits.get(uid) if claims_waits else None
             if (
                 everything
                 or state is None
@@ -273,12 +285,14 @@ class Resolver:
                 or state.extra != extra
                 or state.prio != prio
                 or state.volumes is not verdict
+                or state.claims_wait != wait
             ):
                 if state is None:
-                    pods[uid] = _PodState(rec, extra, prio, verdict)
+                    pods[uid] = _PodState(rec, extra, prio, verdict, wait)
                 else:
                     state.rec, state.extra, state.prio = rec, extra, prio
                     state.volumes = verdict
+                    state.claims_wait = wait
                 dirty_pods.append(uid)
         removed = [u for u in pods if u not in records]
         for uid in removed:
@@ -338,7 +352,7 @@ class Resolver:
             self._rec_problem[uid] = rec.problem
         else:
             self._rec_problem.pop(uid, None)
-        pod = _ready_pod(rec, state.extra, state.prio, state.volumes)
+        pod = _ready_pod(rec, state.extra, state.prio, state.volumes, state.claims_wait)
         state.ready = pod
         group = (
             f"{rec.namespace}/{rec.group}" if pod is not None and pod.managed and rec.group else ""

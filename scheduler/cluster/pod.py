@@ -153,6 +153,12 @@ class Pod(_PodMemo):
     #: match (:func:`~scheduler.cluster.podaffinity.scoring_terms`); read for bound pods
     #: too, as kube-scheduler scores nodes by the pods running there.
     scoring_affinity: tuple[tuple[PodAffinityTerm, int], ...] = ()
+    #: How many ``spec.resourceClaims`` entries the pod has (DRA): a pending pod with claims
+    #: is placed only where its claims can be allocated (:mod:`scheduler.solver.dra_state`).
+    resource_claims: int = 0
+    #: GPU-class devices its ResourceClaims hold or ask for, set when the snapshot is built
+    #: (:mod:`scheduler.cache.dra_usage`): they count as whole GPUs toward its queue.
+    claim_gpus: int = 0
 
     @property
     def key(self) -> str:

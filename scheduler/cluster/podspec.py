@@ -461,6 +461,15 @@ def gang_hints(obj: Mapping[str, Any], *, strict: bool = True) -> GangHints:
     return _NO_HINTS if hints == _NO_HINTS else hints
 
 
+def _claim_count(spec: Mapping[str, Any]) -> int:
+    """How many ``spec.resourceClaims`` entries the pod has (a malformed list counts as one,
+    so the pod still waits for the cache's verdict on it instead of being placed)."""
+    claims = spec.get("resourceClaims")
+    if isinstance(claims, list):
+        return len(claims)
+    return 1 if claims else 0
+
+
 def pod_from_k8s(
     obj: Mapping[str, Any],
     *,
@@ -566,4 +575,5 @@ def pod_from_k8s(
         spread=rules.spread if waits else (),
         preferences=preferences,
         scoring_affinity=scoring,
+        resource_claims=_claim_count(spec),
     )

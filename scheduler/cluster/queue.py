@@ -103,6 +103,8 @@ def _pod_queue_usage(pod: Pod) -> dict[str, int]:
         gpu = pod.gpu.count * GPU_MILLI  # memory-sized share of unknown node: assume a device
     else:
         gpu = pod.requests.get(GPU) * GPU_MILLI
+    # GPU-class devices of its ResourceClaims count as whole GPUs (see Pod.claim_gpus).
+    gpu += pod.claim_gpus * GPU_MILLI
     requests = pod.requests
     return {"gpu": gpu, "cpu": requests.get(CPU), "memory": requests.get(MEMORY)}
 

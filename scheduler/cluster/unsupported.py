@@ -9,8 +9,10 @@ Kubernetes would never put it). :func:`unsupported_fields` lists such fields of 
   that cannot be read (:func:`scheduler.cluster.podaffinity.parse_pod_rules` lists them;
   readable ones are honoured, :mod:`scheduler.framework.topology`);
 - required node affinity ``matchFields`` on a key other than ``metadata.name`` (the only field
-  Kubernetes defines; the rest of node affinity, ``Gt``/``Lt`` included, is evaluated);
-- ``spec.resourceClaims`` (dynamic resource allocation: the claim would never be allocated).
+  Kubernetes defines; the rest of node affinity, ``Gt``/``Lt`` included, is evaluated).
+
+``spec.resourceClaims`` (dynamic resource allocation) is honoured: the claims are judged by the
+cache (:mod:`scheduler.cache.dra`) and allocated by the solver (:mod:`scheduler.solver.dra_state`).
 
 Preferences are not listed: ``preferredDuringSchedulingIgnoredDuringExecution`` pod (anti-)
 affinity and node affinity, and spread constraints with ``whenUnsatisfiable: ScheduleAnyway``,
@@ -73,11 +75,6 @@ _FIXES: tuple[tuple[str, str], ...] = (
         "give the constraint a topologyKey, maxSkew >= 1, minDomains >= 1 and a labelSelector "
         "with In/NotIn/Exists/DoesNotExist",
     ),
-    (
-        "spec.resourceClaims",
-        "dynamic resource allocation is not supported yet; ask for devices as extended "
-        "resources such as nvidia.com/gpu",
-    ),
 )
 
 
@@ -110,8 +107,6 @@ def unsupported_fields(
     affinity = _mapping(spec.get("affinity"))
     out = list(parse_pod_rules(spec, namespace, labels or {}).unsupported)
     out += _node_affinity(affinity)
-    if _list(spec.get("resourceClaims")):
-        out.append("spec.resourceClaims")
     return tuple(out)
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from scheduler.cluster.dracodes import DEVICES_UNAVAILABLE
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.queue import QUEUE_RESOURCES, pod_queue_usage
 from scheduler.explain.codes import POD_AFFINITY, POD_ANTI_AFFINITY, TOPOLOGY_SPREAD
@@ -385,9 +386,32 @@ def _kube_normalised(parts: Sequence[tuple[float, float, float]]) -> list[list[f
     return [near, spread, wanted]
 
 
+def node_check(state: ClusterState, pod: Pod) -> NodeCheck | None:
+    """What must allow a node for ``pod`` besides the class-level rules: its topology rules
+    (and running pods' anti-affinity), and whether its ResourceClaims can be allocated
+    there; None when nothing must."""
+    topology = state.topology().check(pod) if state.needs_topology(pod) else None
+    if not state.needs_devices(pod):
+        return topology
+    devices = state.devices_check(pod)
+    if topology is None:
+        return NodeCheck(devices, _EACH_NODE)
+    check = topology
+
+    def both(node: str) -> str | None:
+        return check(node) or devices(node)
+
+    return NodeCheck(both, topology.keys | _EACH_NODE)
+
+
+#: The "label" a devices check depends on: none a class keeps (devices differ node by node,
+#: whatever the labels), so every member of a class is asked.
+_EACH_NODE = frozenset({"\x00devices"})
+
+
 def _place_pod(index: ClassIndex, pod: Pod, gang: str) -> PodAssignment | None:
     state = index.state
-    accept = state.topology().check(pod) if state.needs_topology(pod) else None
+    accept = node_check(state, pod)
     prefer = (
         state.topology().preference(pod)
         if pod.preferences is not None or state.attractors > 0
@@ -398,13 +422,19 @@ def _place_pod(index: ClassIndex, pod: Pod, gang: str) -> PodAssignment | None:
         return None
     demand = state.demand_on(pod, state.nodes[node])
     grant = index.grant(pod, demand, node) if demand is not None else None
-    if demand is None or grant is None:
+    claims = state.claim_grants(pod, node)
+    if demand is None or grant is None or claims is None:
         return None
-    assignment = PodAssignment(pod.uid, pod.key, gang, node, grant)
+    assignment = PodAssignment(pod.uid, pod.key, gang, node, grant, claims)
     state.apply(assignment, pod)
     return assignment
 
 
+#: The node-level reasons of the ResourceClaim check (see :mod:`scheduler.solver.dra_state`;
+#: written out here so the greedy does not load the CEL library for clusters without claims).
+DRA_REASONS = frozenset(
+    {"cannot allocate all claims", "its ResourceClaims are not known to this cycle"}
+)
 #: Per greedy pass, gangs whose refusals are counted node by node (see :func:`why_not`).
 DETAILED_WHY_NOT = 32
 #: Past that many: some node has room, and the pod's topology rules refuse it.
@@ -412,6 +442,8 @@ ROUGHLY = "nodes with room are refused by its pod affinity, anti-affinity or spr
 
 
 def _rough_code(pod: Pod) -> str:
+    if pod.resource_claims and not pod.topology_rules:
+        return DEVICES_UNAVAILABLE
     if pod.spread:
         return TOPOLOGY_SPREAD
     return POD_AFFINITY if pod.pod_affinity and not pod.pod_anti_affinity else POD_ANTI_AFFINITY
@@ -429,11 +461,13 @@ def why_not(
     node with room exists - then the rules refused it (code from the pod's rules), else it
     is a capacity problem (NoFit) - without counting node by node."""
     state = index.state
-    accept = state.topology().check(pod) if state.needs_topology(pod) else None
+    accept = node_check(state, pod)
     gang = f" (after {placed} of the gang's {total} pods were placed)" if total > 1 else ""
     if not detailed:
         # The pod's last search (just now, same state) says whether room was found.
         if index.refused_by_rules:
+            if _rough_code(pod) == DEVICES_UNAVAILABLE:
+                return DEVICES_UNAVAILABLE, f"pod {pod.key}: {_devices_detail(state)}{gang}"
             return _rough_code(pod), f"pod {pod.key}: {ROUGHLY}{gang}"
         return NO_FIT, f"pod {pod.key}: no node has room for it{gang}"
     # The node rules once per class (members share free state and the labels selectors
@@ -453,7 +487,17 @@ def why_not(
     for s in state.unplaceable():
         tally[first_failure(pod, FilterInput(s, state.demand_on(pod, s))) or "unknown"] += 1
     code = reason_code(tally) or NO_FIT
-    return code, f"pod {pod.key}: {format_unavailable(len(state.nodes), tally)}{gang}"
+    message = f"pod {pod.key}: {format_unavailable(len(state.nodes), tally)}{gang}"
+    if state.needs_devices(pod) and tally and max(tally, key=tally.__getitem__) in DRA_REASONS:
+        code = DEVICES_UNAVAILABLE
+        message += f"; {_devices_detail(state)}"
+    return code, message
+
+
+def _devices_detail(state: ClusterState) -> str:
+    """The first refusal's detail: which claim and request, and what is missing."""
+    detail = state.dra.last_detail if state.dra is not None else ""
+    return detail or "no node with room can allocate its ResourceClaims"
 
 
 def place_gangs(
@@ -504,7 +548,8 @@ def place_gangs(
             )
             # Where other pods run can open room for pods with topology rules (affinity to
             # a pod placed since, a spread minimum raised): no skipping for them.
-            ruled = any(state.needs_topology(p) for p in pods)
+            # Devices of claims are not part of the shape either.
+            ruled = any(state.needs_topology(p) or state.needs_devices(p) for p in pods)
             if signature in failed_shapes and not ruled:
                 result.failed[gang.key] = (NO_FIT, "no room for the whole gang")
                 continue

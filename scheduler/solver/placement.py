@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from scheduler.cluster.dra import ClaimAllocation
 
 __all__ = [
+    "ClaimGrant",
     "EvictAction",
     "Eviction",
     "GangOutcome",
@@ -96,14 +100,27 @@ class SolveStatus(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimGrant:
+    """A ResourceClaim a placed pod uses. ``allocation``: the devices this cycle chose for
+    it (the commit writes ``status.allocation``); None when the claim was allocated before
+    (shared with a pod that runs, or with a gang member placed earlier in the cycle): the
+    commit only adds the pod to ``status.reservedFor``."""
+
+    claim: str  # ``namespace/name``
+    allocation: ClaimAllocation | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PodAssignment:
-    """One pod to bind: the node and, for GPU pods, device index -> thousandths."""
+    """One pod to bind: the node; for GPU pods, device index -> thousandths; for pods with
+    ResourceClaims, the claims in ``spec.resourceClaims`` order (:class:`ClaimGrant`)."""
 
     pod_uid: str
     pod_key: str
     gang: str
     node: str
     gpu_grant: tuple[tuple[int, int], ...] = ()
+    claims: tuple[ClaimGrant, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,7 @@ from functools import partial
 
 import structlog
 
+from scheduler.cluster.dracodes import DEVICES_UNAVAILABLE
 from scheduler.cluster.queue import pod_queue_usage
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.explain.codes import POD_AFFINITY, POD_ANTI_AFFINITY, TOPOLOGY_SPREAD
@@ -211,13 +212,17 @@ def _solve(
         initial = current_classes(state)
         greedy = run_greedy(state, scorer)
     topology = topology_gang_sets(snapshot, problem)
+    # Gangs whose pods use ResourceClaims: only the greedy sees devices (dra_state), so
+    # every later stage keeps them as it placed them, and taking back leaves them out.
+    with_claims = frozenset(
+        g.key for g in problem.order if any(p.resource_claims for p in (*g.required, *g.extras))
+    )
     if any(p.topology_rules for g in problem.order for p in g.required):
         greedy = place_ruled_again(snapshot, problem, topology.ruled, state, greedy, cycle)
-    if topology.ruled and not settings.greedy_only:
+    exact_ruled = topology.ruled - with_claims
+    if exact_ruled and not settings.greedy_only:
         # Small instances: a pod-level exact search for the ruled gangs (skips large ones).
-        greedy = place_ruled_exactly(
-            snapshot, problem, topology.ruled, state, greedy, settings, cycle
-        )
+        greedy = place_ruled_exactly(snapshot, problem, exact_ruled, state, greedy, settings, cycle)
     build_seconds = time.perf_counter() - started
     lap("greedy")
     candidates: list[tuple[SolveStatus, list[PodAssignment]]] = []
@@ -228,9 +233,11 @@ def _solve(
     cp_assignments: list[PodAssignment] | None = None
     # Kept as greedy placed them: gangs whose topology rules the model cannot see, and gangs
     # consolidation moved (admitted first; the later stages must not trade them away).
-    ruled = topology.left_to_greedy | {
-        g.key for g in problem.order if g.restoring and g.key in greedy.placed
-    }
+    ruled = (
+        topology.left_to_greedy
+        | with_claims
+        | {g.key for g in problem.order if g.restoring and g.key in greedy.placed}
+    )
     free_problem = problem
     if ruled:
         free_problem = Problem(
@@ -277,7 +284,11 @@ def _solve(
     now, before = capacities(state, initial) if in_step else (None, None)
     # The greedy's filter chain already said which topology rule refused a gang's pod, at
     # the moment it did (the explainer would place the gang's pods again to find out).
-    known = {k: v for k, v in greedy.failed.items() if v[0] in TOPOLOGY_CODES}
+    known = {
+        k: v
+        for k, v in greedy.failed.items()
+        if v[0] in TOPOLOGY_CODES or v[0] == DEVICES_UNAVAILABLE
+    }
     outcomes = gang_outcomes(problem, final, now, before, freed=taken.freed(), known=known)
     explain_seconds = time.perf_counter() - explain_started
     lap("explain")

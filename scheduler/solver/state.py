@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from scheduler.cluster.node import GPU_MILLI, GPU_MODEL_LABEL, Node
 from scheduler.cluster.pod import Pod
@@ -22,7 +23,10 @@ from scheduler.cluster.resources import PODS, Resources
 from scheduler.cluster.snapshot import BoundUsage, Snapshot, bound_usage
 from scheduler.framework.scoring import PodDemand, pod_demand
 from scheduler.plugins.podtopology import PodTopology, attracts
-from scheduler.solver.placement import PodAssignment
+from scheduler.solver.placement import ClaimGrant, PodAssignment
+
+if TYPE_CHECKING:
+    from scheduler.solver.dra_state import DraState
 
 __all__ = [
     "ClassKey",
@@ -175,6 +179,9 @@ class ClusterState:
         #: located pods with affinity terms that score other pods (kube-scheduler's
         #: InterPodAffinity score; :meth:`PodTopology.preference`)
         self.attractors = 0
+        #: Devices of ResourceClaims (:mod:`scheduler.solver.dra_state`); None when no pod
+        #: of the cycle uses claims.
+        self.dra: DraState | None = None
         for slot in nodes:
             slot.static_id = self._static_id(slot.node)
             slot.key = slot.class_key()
@@ -206,6 +213,10 @@ class ClusterState:
         for p in pending:
             state.pods[p.uid] = p
         state.bound = {p.uid: p for p in bound}
+        if snapshot.dra is not None or any(p.resource_claims for p in pending):
+            from scheduler.solver.dra_state import DraState
+
+            state.dra = DraState(snapshot.dra)
         state.anti_owners = sum(1 for p in bound if p.pod_anti_affinity)
         state.attractors = sum(1 for p in bound if attracts(p))
         return state
@@ -216,6 +227,32 @@ class ClusterState:
         """True when where pods run may restrict ``pod`` (its own rules, or running pods'
         anti-affinity)."""
         return pod.topology_rules or self.anti_owners > 0
+
+    def needs_devices(self, pod: Pod) -> bool:
+        """True when ``pod``'s ResourceClaims decide where it may go (it is unbound and uses
+        claims)."""
+        return pod.resource_claims > 0 and pod.node_name is None
+
+    def devices_check(self, pod: Pod) -> Callable[[str], str | None]:
+        """A node check: None when the pod's claims can be allocated on the named node now
+        (:meth:`scheduler.solver.dra_state.DraState.check`)."""
+        dra = self._dra_state()
+        return dra.check(pod, lambda name: self.nodes[name].node)
+
+    def claim_grants(self, pod: Pod, node: str) -> tuple[ClaimGrant, ...] | None:
+        """What the pod's claims get on ``node`` now (empty for a pod without claims);
+        None when they cannot be allocated there."""
+        if not self.needs_devices(pod):
+            return ()
+        found = self._dra_state().grants(pod, self.nodes[node].node)
+        return None if isinstance(found, str) else found
+
+    def _dra_state(self) -> DraState:
+        if self.dra is None:
+            from scheduler.solver.dra_state import DraState
+
+            self.dra = DraState(None)
+        return self.dra
 
     def topology(self) -> PodTopology:
         """Pods per topology domain, following this state from now on (built on first use)."""
@@ -336,6 +373,10 @@ class ClusterState:
                     f"pod {assignment.pod_key}: device {index} of node {slot.name} "
                     f"has no {milli} thousandths free"
                 )
+        if self.needs_devices(pod):
+            # Every stage that places a pod with claims must say which devices it gets
+            # (only the greedy does; the others keep such gangs as it placed them).
+            self._dra_state().take(pod, assignment.claims)
         classes = self.classes
         members = classes.get(slot.key)  # _leave, written out (every placement comes here)
         if members is not None:
@@ -371,6 +412,8 @@ class ClusterState:
         else:
             assignment = self.placed.pop(pod_uid)
             pod = self.pods[pod_uid]
+            if assignment.claims and self.dra is not None:
+                self.dra.give_back(pod, assignment.claims)
         slot = self.nodes[assignment.node]
         demand = self.demand_on(pod, slot)
         requests: Mapping[str, int] = demand.requests if demand else pod.requests

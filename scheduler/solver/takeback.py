@@ -198,6 +198,8 @@ def take_back(
             and u.id not in actions
             and len(u.pods) <= settings.consolidation_max_pods - moved_pods
             and now - u.started >= snapshot.queue_tree.min_runtime(u.queue, "preempt")
+            # A pod's claims hold devices where it runs; moving it would need them moved too.
+            and not any(p.resource_claims for p in u.pods)
         ]
         if not actions and not movable:
             out.refused[g.key] = "no running work may be taken for it"

@@ -7,7 +7,8 @@ and schedulable; taints, nodeSelector and required affinity; every resource of e
 device grants (right count, distinct devices, right share, no device over 1000 thousandths);
 gang completeness (min_member or none); queue limits at every level; quota of every level
 for non-preemptible gangs, against non-preemptible usage only; pod affinity, anti-affinity
-and spread, replayed in assignment order (:mod:`.validate_topology`).
+and spread, replayed in assignment order (:mod:`.validate_topology`); devices of
+ResourceClaims (:mod:`.validate_dra`).
 """
 
 from __future__ import annotations
@@ -189,6 +190,11 @@ def validate(
 
     out.extend(_queue_violations(snapshot, placed, evicted))
     out.extend(topology_violations(snapshot, assignments, evicted=evicted, checked=checked))
+    if snapshot.dra is not None or any(p.resource_claims and p.pending for p, _ in placed):
+        # Imported here: it loads the CEL library, which clusters without claims never need.
+        from scheduler.solver.validate_dra import dra_violations
+
+        out.extend(dra_violations(snapshot.dra, assignments, pods, nodes))
     return out
 
 

@@ -24,6 +24,10 @@ from scheduler.solver.placement import PodAssignment
 G = "nvidia.com/gpu"
 GIB = 2**30
 
+NODE_TERMS = (
+    "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"
+)
+
 
 def node(
     name: str,
@@ -166,12 +170,11 @@ CASES = {
         [node("n1")],
         [
             pod("job-0", "job", gpus=1),
-            pod("job-1", "job", gpus=1, unsupported=("spec.resourceClaims",)),
+            pod("job-1", "job", gpus=1, unsupported=(f"{NODE_TERMS}[0].matchFields[0]",)),
         ],
         "UnsupportedField",
-        "pod ns/job-1: spec.resourceClaims is not supported yet; the pod waits (dynamic "
-        "resource allocation is not supported yet; ask for devices as extended resources such "
-        "as nvidia.com/gpu)",
+        f"pod ns/job-1: {NODE_TERMS}[0].matchFields[0] is not supported yet; the pod waits "
+        "(matchFields may only use metadata.name; select nodes by label with matchExpressions)",
         gangs={"job": (2, "team-a", True)},
     ),
     "volume not found": Case(

@@ -201,7 +201,6 @@ HOST_PORT = {"name": "c", "ports": [{"containerPort": 80}, {"containerPort": 808
             node_terms({"matchFields": [{"key": "spec.unschedulable", "values": ["false"]}]}),
             f"{NODE_TERMS}[0].matchFields[0]",
         ),
-        ({"resourceClaims": [{"name": "gpu", "resourceClaimName": "c"}]}, "spec.resourceClaims"),
     ],
     ids=[
         "podAffinity-namespaceSelector-labels",
@@ -214,7 +213,6 @@ HOST_PORT = {"name": "c", "ports": [{"containerPort": 80}, {"containerPort": 808
         "spread-maxSkew-0",
         "spread-minDomains-0",
         "matchFields-key",
-        "resourceClaims",
     ],
 )
 def test_each_unsupported_field_is_found_and_named(spec: dict[str, Any], expected: str) -> None:
@@ -389,6 +387,7 @@ def test_several_fields_are_listed_with_each_fix_once() -> None:
         },
         "containers": [HOST_PORT],
         "topologySpreadConstraints": [{"maxSkew": 1}, SPREAD, {"maxSkew": 2}],
+        # Honoured (dynamic resource allocation), so not listed.
         "resourceClaims": [{"name": "gpu"}],
     }
     fields = fields_of(spec)
@@ -397,16 +396,14 @@ def test_several_fields_are_listed_with_each_fix_once() -> None:
         f"{POD_ANTI_AFFINITY_REQUIRED}[1].namespaceSelector",
         "spec.topologySpreadConstraints[0] (maxSkew and topologyKey are required)",
         "spec.topologySpreadConstraints[2] (maxSkew and topologyKey are required)",
-        "spec.resourceClaims",
     )
     message = unsupported_message("ns/p", fields)
     # The same fix for affinity and anti-affinity is said once.
     assert message == (
         f"pod ns/p: {POD_AFFINITY_REQUIRED}[0].topologyKey, {POD_ANTI_AFFINITY_REQUIRED}[1]"
         ".namespaceSelector, spec.topologySpreadConstraints[0] (maxSkew and topologyKey are "
-        f"required) and 2 more are not supported yet; the pod waits ({POD_RULE_FIX}; "
-        f"{SPREAD_FIX}; dynamic resource allocation is not supported yet; ask for devices as "
-        "extended resources such as nvidia.com/gpu)"
+        f"required) and 1 more are not supported yet; the pod waits ({POD_RULE_FIX}; "
+        f"{SPREAD_FIX})"
     )
 
 
