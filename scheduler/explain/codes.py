@@ -6,11 +6,14 @@ must change (nodes, queue settings, the gang). Every other code may clear up by 
 
 The queue codes and the pod codes found before solving (``UnsupportedField``,
 ``VolumeNotFound``, ``VolumeNotBound``, ``SchedulingGated``) come from
-:mod:`scheduler.fairness`; they are repeated here so one import gives the whole list.
+:mod:`scheduler.fairness`, and the ResourceClaim codes (``ResourceClaimNotReady``, and
+``DevicesUnavailable`` from the solver's greedy pass) from :mod:`scheduler.cluster.dracodes`;
+they are repeated here so one import gives the whole list.
 """
 
 from __future__ import annotations
 
+from scheduler.cluster.dracodes import CLAIM_NOT_READY, DEVICES_UNAVAILABLE
 from scheduler.fairness.admission import OVER_QUOTA, QUEUE_LIMIT
 from scheduler.fairness.findings import (
     NON_LEAF_QUEUE,
@@ -25,6 +28,8 @@ from scheduler.fairness.findings import (
 __all__ = [
     "ALL_CODES",
     "CAPACITY_TAKEN",
+    "CLAIM_NOT_READY",
+    "DEVICES_UNAVAILABLE",
     "EXCEEDS_CLUSTER",
     "EXCEEDS_QUEUE_LIMIT",
     "EXCEEDS_QUEUE_QUOTA",
@@ -84,6 +89,7 @@ ALL_CODES: tuple[str, ...] = (
     UNSUPPORTED_FIELD,
     VOLUME_NOT_FOUND,
     VOLUME_NOT_BOUND,
+    CLAIM_NOT_READY,
     SCHEDULING_GATED,
     GANG_INCOMPLETE,
     EXCEEDS_QUEUE_LIMIT,
@@ -98,6 +104,7 @@ ALL_CODES: tuple[str, ...] = (
     POD_AFFINITY,
     POD_ANTI_AFFINITY,
     TOPOLOGY_SPREAD,
+    DEVICES_UNAVAILABLE,
     CAPACITY_TAKEN,
     NOT_PLACED_THIS_CYCLE,
 )

@@ -146,9 +146,12 @@ def test_gang_whose_claims_do_not_all_fit_binds_nothing() -> None:
         [gpu_slice("n0", 3), gpu_slice("n1", 3), gpu_slice("n9", 8, model="t4")],
         [claim(n, selectors=sel) for pair in names for n in pair],
     )
-    assignments, reasons = solved(s)
-    assert assignments == []
-    assert DEVICES_UNAVAILABLE in reasons.get(gang.key, "") or "claim" in reasons[gang.key]
+    placement = solve(s, PlacementSettings(take_back=False))
+    assert placement.assignments == ()
+    outcome = placement.outcomes[gang.key]
+    assert outcome.reason_code == DEVICES_UNAVAILABLE
+    assert "cannot allocate all claims" in outcome.reason
+    assert "model" in outcome.reason or "wanted" in outcome.reason  # the first refusal's detail
 
 
 def test_devices_held_by_allocated_claims_are_not_given_again() -> None:
