@@ -118,6 +118,9 @@ class DeviceMatcher:
                 return result
         return _PASS
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def forget(self, keep: AbstractSet[DeviceId]) -> None:
         """Drop devices not in ``keep`` (slices deleted since)."""
         for key in [k for k in self._entries if k not in keep]:
@@ -169,8 +172,25 @@ class DeviceCatalog:
                     self._shared.append(cand)
         for cands in self._local.values():
             cands.sort(key=lambda c: c.id)
+        self._node_of: dict[DeviceId, str] | None = None
         self._matching: dict[tuple[str, tuple[str, ...]], _Matching] = {}
         self._on_node: dict[tuple[str, tuple[str, ...], str], list[Candidate]] = {}
+
+    @property
+    def has_shared(self) -> bool:
+        """True when some pool is network-attached (reached by a node selector or by all
+        nodes) rather than published for one node."""
+        return bool(self._shared)
+
+    def local_count(self, node_name: str) -> int:
+        """How many devices are published for ``node_name`` itself."""
+        return len(self._local.get(node_name, ()))
+
+    def node_of(self, device_id: DeviceId) -> str | None:
+        """The node a node-local device belongs to (None for network-attached devices)."""
+        if self._node_of is None:
+            self._node_of = {c.id: n for n, cands in self._local.items() for c in cands}
+        return self._node_of.get(device_id)
 
     def devices_for_node(self, node_name: str, labels: Mapping[str, str]) -> list[Candidate]:
         """The devices a pod on ``node_name`` can use: the node's own, then network-attached

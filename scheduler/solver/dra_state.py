@@ -27,13 +27,26 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from scheduler.cluster.dra import ClaimAllocation, DeviceId, ResourceClaim
-from scheduler.cluster.dra_alloc import AllocationFailure, DeviceCatalog, allocate_pod_claims
+from scheduler.cluster.dra_alloc import (
+    AllocationFailure,
+    DeviceCatalog,
+    DeviceMatcher,
+    allocate_pod_claims,
+)
 from scheduler.cluster.draview import DraView
 from scheduler.cluster.node import Node
 from scheduler.cluster.pod import Pod
 from scheduler.solver.placement import ClaimGrant
 
-__all__ = ["CANNOT_ALLOCATE", "UNKNOWN_CLAIMS", "DraState", "needs_devices"]
+__all__ = ["CANNOT_ALLOCATE", "SHARED_MATCHER", "UNKNOWN_CLAIMS", "DraState", "needs_devices"]
+
+#: Selector results per device, kept across cycles (a device's results are recomputed only
+#: when its slice publishes it differently): without it every cycle evaluates every
+#: selector on every device, most of a cycle's time with thousands of devices. Solves run
+#: one at a time (a worker thread), so one matcher serves them all.
+SHARED_MATCHER = DeviceMatcher()
+#: Devices remembered before the shared matcher starts over.
+MATCHER_LIMIT = 200_000
 
 #: The filter's reason on one node, worded as kube-scheduler's DynamicResources plugin words
 #: it (so a tally over nodes reads ``3 cannot allocate all claims``); the detail of the
@@ -56,10 +69,15 @@ def _held(allocation: ClaimAllocation) -> frozenset[DeviceId]:
 class DraState:
     """Devices taken during one cycle (see the module docstring)."""
 
-    def __init__(self, view: DraView | None) -> None:
+    def __init__(self, view: DraView | None, matcher: DeviceMatcher | None = None) -> None:
         self.view = view if view is not None else DraView()
+        self._matcher = matcher if matcher is not None else SHARED_MATCHER
         #: Devices nobody else may get now.
         self.busy: set[DeviceId] = set(self.view.busy)
+        #: Node -> node-local devices not taken (filled per node on first use).
+        self._free_local: dict[str, int] = {}
+        #: Pod uid -> fewest devices its claims not yet allocated can take.
+        self._needed: dict[str, int] = {}
         #: Claim key -> (allocation made this cycle, uids of the placed pods that use it).
         self.allocated: dict[str, tuple[ClaimAllocation, set[str]]] = {}
         #: The detailed reason of the latest refusal (which request, what is missing).
@@ -72,8 +90,48 @@ class DraState:
     def catalog(self) -> DeviceCatalog:
         """The cycle's devices and classes (built on first use)."""
         if self._catalog is None:
-            self._catalog = self.view.catalog()
+            if len(self._matcher) > MATCHER_LIMIT:
+                self._matcher.forget(frozenset())  # devices churned away: start over
+            self._catalog = self.view.catalog(self._matcher)
         return self._catalog
+
+    def _fewest(self, pod: Pod, claims: Sequence[ResourceClaim]) -> int:
+        """The fewest devices the pod's claims can take (0 when they take none or
+        their requests cannot be sized up front)."""
+        found = self._needed.get(pod.uid)
+        if found is None:
+            found = 0
+            for c in claims:
+                if c.allocation is not None or c.key in self.allocated:
+                    continue
+                for r in c.requests:
+                    sizes = [
+                        a.count if a.mode == "ExactCount" else 1
+                        for a in r.alternatives
+                        if not a.admin_access
+                    ]
+                    found += min(sizes) if len(sizes) == len(r.alternatives) and sizes else 0
+            self._needed[pod.uid] = found
+        return found
+
+    def _free_on(self, node: str) -> int:
+        """Node-local devices of ``node`` not taken now."""
+        free = self._free_local.get(node)
+        if free is None:
+            catalog = self.catalog
+            free = catalog.local_count(node) - sum(
+                1 for d in self.busy if catalog.node_of(d) == node
+            )
+            self._free_local[node] = free
+        return free
+
+    def _moved(self, devices: frozenset[DeviceId], sign: int) -> None:
+        """Keep the free counts of the nodes whose devices were taken (-1) or freed (+1)."""
+        catalog = self.catalog
+        for d in devices:
+            node = catalog.node_of(d)
+            if node is not None and node in self._free_local:
+                self._free_local[node] += sign
 
     def claims_of(self, pod: Pod) -> tuple[ResourceClaim, ...] | None:
         """The pod's claims in ``spec.resourceClaims`` order; None when the cycle does not
@@ -110,6 +168,16 @@ class DraState:
             return UNKNOWN_CLAIMS
         if not claims:
             return ()
+        if not self.catalog.has_shared:
+            # Every device is some node's own: too few free there is a quick no (most nodes,
+            # once the cluster fills, for a pod whose gang tries them one by one).
+            needed = self._fewest(pod, claims)
+            if needed and self._free_on(node.name) < needed:
+                free = max(0, self._free_on(node.name))
+                return (
+                    f"node {node.name} has {free} free device{'' if free == 1 else 's'}; "
+                    f"its ResourceClaims take at least {needed}"
+                )
         # Claims allocated earlier this cycle are allocated as far as this pod goes.
         effective = [
             dataclasses.replace(c, allocation=self.allocated[c.key][0])
@@ -167,7 +235,9 @@ class DraState:
         for claim in claims:
             if claim.key in new:
                 self.allocated[claim.key] = (new[claim.key], {pod.uid})
-                self.busy |= _held(new[claim.key])
+                taken_now = _held(new[claim.key])
+                self.busy |= taken_now
+                self._moved(taken_now, -1)
             elif claim.key in self.allocated:
                 self.allocated[claim.key][1].add(pod.uid)
         self._version += 1
@@ -181,5 +251,7 @@ class DraState:
             known[1].discard(pod.uid)
             if not known[1]:
                 del self.allocated[grant.claim]
-                self.busy -= _held(known[0])
+                freed = _held(known[0])
+                self.busy -= freed
+                self._moved(freed, +1)
         self._version += 1
