@@ -105,6 +105,9 @@ class DeviceClass:
     name: str
     selectors: tuple[str, ...] = ()
     extended_resource_name: str | None = None
+    #: ``metadata.creationTimestamp`` (seconds; 0 unknown): of two classes serving the same
+    #: extended resource, the newer one wins (:mod:`scheduler.cluster.dra_extended`).
+    created: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from scheduler.cluster.dra import (
     ResourceSlice,
 )
 from scheduler.cluster.dracel import AttributeValue, Semver, is_semver
+from scheduler.cluster.podspec import parse_timestamp
 from scheduler.cluster.quantity import QuantityError, parse_quantity
 from scheduler.cluster.selectors import NodeSelectorRequirement, NodeSelectorTerm
 
@@ -158,10 +159,17 @@ def node_selector_to_k8s(terms: tuple[NodeSelectorTerm, ...]) -> dict[str, Any]:
 def device_class_from_k8s(obj: Mapping[str, Any]) -> DeviceClass:
     """Convert an API DeviceClass; raises :class:`DraSpecError`."""
     obj = _map(obj, "DeviceClass")
-    name = _str(_map(obj.get("metadata"), "metadata").get("name"), "metadata.name")
+    meta = _map(obj.get("metadata"), "metadata")
+    name = _str(meta.get("name"), "metadata.name")
     spec = _map(obj.get("spec"), "spec")
     ext = _str(spec.get("extendedResourceName"), "spec.extendedResourceName", required=False)
-    return DeviceClass(name, _selectors(spec.get("selectors"), "spec.selectors"), ext or None)
+    created = meta.get("creationTimestamp")
+    return DeviceClass(
+        name,
+        _selectors(spec.get("selectors"), "spec.selectors"),
+        ext or None,
+        parse_timestamp(created) if isinstance(created, str) else 0.0,
+    )
 
 
 # --- ResourceSlice ------------------------------------------------------------------------

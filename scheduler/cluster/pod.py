@@ -16,7 +16,7 @@ from scheduler.cluster.podaffinity import (
 from scheduler.cluster.resources import Resources
 from scheduler.cluster.selectors import NodeSelectorTerm, Toleration, node_accepts
 
-__all__ = ["GpuRequest", "Pod", "PodPhase"]
+__all__ = ["ContainerExtended", "GpuRequest", "Pod", "PodPhase"]
 
 
 class PodPhase(StrEnum):
@@ -83,6 +83,23 @@ class _PodMemo(Labelled):
     _one_per_node: bool
     #: (gpu, cpu, memory) as :func:`scheduler.cluster.queue.pod_queue_usage` counts them.
     _queue_usage: tuple[int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerExtended:
+    """One container's extended resource requests (integers), where it sits in the pod: what
+    a claim for extended resources backed by DRA is made of
+    (:mod:`scheduler.cluster.dra_extended`)."""
+
+    #: Index among init containers followed by containers.
+    index: int
+    name: str
+    #: A non-sidecar init container (runs to completion before the others start).
+    short_lived: bool
+    #: (resource, count) for every resource the container requests, extended or not, so the
+    #: resource's position among the container's sorted names is known; counts of other
+    #: resources are 0.
+    requests: tuple[tuple[str, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +176,10 @@ class Pod(_PodMemo):
     #: GPU-class devices its ResourceClaims hold or ask for, set when the snapshot is built
     #: (:mod:`scheduler.cache.dra_usage`): they count as whole GPUs toward its queue.
     claim_gpus: int = 0
+    #: An unbound pod's containers that request extended resources (names with a domain
+    #: outside kubernetes.io): on a node that does not advertise one, a DeviceClass may serve
+    #: it through DRA (:mod:`scheduler.cluster.dra_extended`).
+    extended_containers: tuple[ContainerExtended, ...] = ()
 
     @property
     def key(self) -> str:

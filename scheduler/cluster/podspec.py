@@ -29,14 +29,14 @@ from typing import Any, Literal
 
 from scheduler.cluster.hostports import host_port_requests
 from scheduler.cluster.node import GPU_MILLI
-from scheduler.cluster.pod import GpuRequest, Pod, PodPhase
+from scheduler.cluster.pod import ContainerExtended, GpuRequest, Pod, PodPhase
 from scheduler.cluster.podaffinity import (
     Preferences,
     parse_pod_preferences,
     parse_pod_rules,
     scoring_terms,
 )
-from scheduler.cluster.quantity import QuantityError, parse_quantity
+from scheduler.cluster.quantity import QuantityError, parse_quantity, to_int_units
 from scheduler.cluster.resources import GPU, Resources
 from scheduler.cluster.selectors import (
     NodeSelectorRequirement,
@@ -461,6 +461,49 @@ def gang_hints(obj: Mapping[str, Any], *, strict: bool = True) -> GangHints:
     return _NO_HINTS if hints == _NO_HINTS else hints
 
 
+def is_extended_resource(name: str) -> bool:
+    """A resource name a DeviceClass may serve (:mod:`scheduler.cluster.dra_extended`): an
+    extended resource (qualified, outside kubernetes.io) or a class's implicit name."""
+    if name.startswith("deviceclass.resource.kubernetes.io/"):
+        return True
+    if "/" not in name or name.startswith("requests."):
+        return False
+    domain = name.split("/", 1)[0]
+    return not (domain == "kubernetes.io" or domain.endswith(".kubernetes.io"))
+
+
+def extended_containers(spec: Mapping[str, Any]) -> tuple[ContainerExtended, ...]:
+    """The containers (init containers first) that request extended resources, with all
+    their requested names (see :class:`ContainerExtended`); empty when none does. Quantities
+    that are not whole numbers count as 0 (the API server refuses them for extended
+    resources)."""
+    out: list[ContainerExtended] = []
+    inits = spec.get("initContainers") or []
+    all_containers = [*(inits if isinstance(inits, list) else [])]
+    n_init = len(all_containers)
+    regular = spec.get("containers") or []
+    all_containers += regular if isinstance(regular, list) else []
+    for i, c in enumerate(all_containers):
+        if not isinstance(c, Mapping):
+            continue
+        res = c.get("resources") or {}
+        merged = dict(res.get("limits") or {}) if isinstance(res, Mapping) else {}
+        if isinstance(res, Mapping) and isinstance(res.get("requests"), Mapping):
+            merged.update(res["requests"])
+        if not any(is_extended_resource(str(k)) for k in merged):
+            continue
+        counts: list[tuple[str, int]] = []
+        for k, raw in sorted(merged.items()):
+            try:
+                value = to_int_units(raw) if is_extended_resource(str(k)) else 0
+            except QuantityError:
+                value = 0
+            counts.append((str(k), value))
+        short_lived = i < n_init and c.get("restartPolicy") != "Always"  # not a sidecar
+        out.append(ContainerExtended(i, str(c.get("name") or ""), short_lived, tuple(counts)))
+    return tuple(out)
+
+
 def _claim_count(spec: Mapping[str, Any]) -> int:
     """How many ``spec.resourceClaims`` entries the pod has (a malformed list counts as one,
     so the pod still waits for the cache's verdict on it instead of being placed)."""
@@ -576,4 +619,5 @@ def pod_from_k8s(
         preferences=preferences,
         scoring_affinity=scoring,
         resource_claims=_claim_count(spec),
+        extended_containers=extended_containers(spec) if waits else (),
     )

@@ -26,12 +26,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from scheduler.cluster.dra import ClaimAllocation, DeviceId, ResourceClaim
+from scheduler.cluster.dra import ClaimAllocation, DeviceClass, DeviceId, ResourceClaim
 from scheduler.cluster.dra_alloc import (
     AllocationFailure,
     DeviceCatalog,
     DeviceMatcher,
     allocate_pod_claims,
+)
+from scheduler.cluster.dra_extended import (
+    SpecialClaim,
+    backed_on_node,
+    classes_by_resource,
+    special_claim,
 )
 from scheduler.cluster.draview import DraView
 from scheduler.cluster.node import Node
@@ -57,7 +63,8 @@ UNKNOWN_CLAIMS = "its ResourceClaims are not known to this cycle"
 
 
 def needs_devices(pod: Pod) -> bool:
-    """True for an unbound pod that uses ResourceClaims."""
+    """True for an unbound pod that uses ResourceClaims (see also
+    :meth:`DraState.serves`: extended resources backed by DRA)."""
     return pod.resource_claims > 0 and pod.node_name is None
 
 
@@ -76,8 +83,8 @@ class DraState:
         self.busy: set[DeviceId] = set(self.view.busy)
         #: Node -> node-local devices not taken (filled per node on first use).
         self._free_local: dict[str, int] = {}
-        #: Pod uid -> fewest devices its claims not yet allocated can take.
-        self._needed: dict[str, int] = {}
+        self._served: dict[str, DeviceClass] | None = None
+        self._specials: dict[tuple[str, tuple[str, ...]], SpecialClaim | None] = {}
         #: Claim key -> (allocation made this cycle, uids of the placed pods that use it).
         self.allocated: dict[str, tuple[ClaimAllocation, set[str]]] = {}
         #: The detailed reason of the latest refusal (which request, what is missing).
@@ -95,23 +102,20 @@ class DraState:
             self._catalog = self.view.catalog(self._matcher)
         return self._catalog
 
-    def _fewest(self, pod: Pod, claims: Sequence[ResourceClaim]) -> int:
-        """The fewest devices the pod's claims can take (0 when they take none or
-        their requests cannot be sized up front)."""
-        found = self._needed.get(pod.uid)
-        if found is None:
-            found = 0
-            for c in claims:
-                if c.allocation is not None or c.key in self.allocated:
-                    continue
-                for r in c.requests:
-                    sizes = [
-                        a.count if a.mode == "ExactCount" else 1
-                        for a in r.alternatives
-                        if not a.admin_access
-                    ]
-                    found += min(sizes) if len(sizes) == len(r.alternatives) and sizes else 0
-            self._needed[pod.uid] = found
+    def _fewest(self, claims: Sequence[ResourceClaim]) -> int:
+        """The fewest devices ``claims`` (of one pod, on one node) take: those not
+        allocated yet, requests whose alternatives all say how many (0 when none)."""
+        found = 0
+        for c in claims:
+            if c.allocation is not None or c.key in self.allocated:
+                continue
+            for r in c.requests:
+                sizes = [
+                    a.count if a.mode == "ExactCount" else 1
+                    for a in r.alternatives
+                    if not a.admin_access
+                ]
+                found += min(sizes) if sizes and len(sizes) == len(r.alternatives) else 0
         return found
 
     def _free_on(self, node: str) -> int:
@@ -132,6 +136,55 @@ class DraState:
             node = catalog.node_of(d)
             if node is not None and node in self._free_local:
                 self._free_local[node] += sign
+
+    # --- extended resources backed by DRA (scheduler.cluster.dra_extended) -----------------
+
+    @property
+    def served(self) -> dict[str, DeviceClass]:
+        """Extended resource name -> the DeviceClass that serves it."""
+        if self._served is None:
+            self._served = classes_by_resource(self.view.classes)
+        return self._served
+
+    def serves(self, pod: Pod) -> bool:
+        """True when a class serves an extended resource the pod asks for."""
+        if not pod.extended_containers or not self.view.classes:
+            return False
+        served = self.served
+        return any(n > 0 and r in served for c in pod.extended_containers for r, n in c.requests)
+
+    def backed(self, pod: Pod, node: Node) -> tuple[str, ...]:
+        """The pod's extended resources that ``node`` gives through DRA (sorted)."""
+        if not self.serves(pod):
+            return ()
+        requested = {r for c in pod.extended_containers for r, n in c.requests if n > 0}
+        return backed_on_node(requested, node.allocatable, self.served)
+
+    def special_for(self, pod: Pod, node: Node) -> SpecialClaim | None:
+        """The claim the scheduler would create for the pod's extended resources that
+        ``node`` gives through DRA; None when there are none."""
+        backed = self.backed(pod, node)
+        if not backed:
+            return None
+        key = (pod.uid, backed)
+        if key not in self._specials:
+            self._specials[key] = special_claim(
+                pod.namespace, pod.name, pod.extended_containers, backed, self.served
+            )
+        return self._specials[key]
+
+    def claims_for(self, pod: Pod, node: Node) -> tuple[ResourceClaim, ...] | None:
+        """The pod's claims on ``node``: its own (``spec.resourceClaims`` order), then the
+        claim for its extended resources backed by DRA there; None when the cycle does not
+        know its own."""
+        own: tuple[ResourceClaim, ...] = ()
+        if pod.resource_claims:
+            found = self.claims_of(pod)
+            if found is None:
+                return None
+            own = found
+        special = self.special_for(pod, node)
+        return own if special is None else (*own, special.claim)
 
     def claims_of(self, pod: Pod) -> tuple[ResourceClaim, ...] | None:
         """The pod's claims in ``spec.resourceClaims`` order; None when the cycle does not
@@ -163,7 +216,7 @@ class DraState:
         return result
 
     def _allocate(self, pod: Pod, node: Node) -> tuple[ClaimGrant, ...] | str:
-        claims = self.claims_of(pod)
+        claims = self.claims_for(pod, node)
         if claims is None:
             return UNKNOWN_CLAIMS
         if not claims:
@@ -171,7 +224,7 @@ class DraState:
         if not self.catalog.has_shared:
             # Every device is some node's own: too few free there is a quick no (most nodes,
             # once the cluster fills, for a pod whose gang tries them one by one).
-            needed = self._fewest(pod, claims)
+            needed = self._fewest(claims)
             if needed and self._free_on(node.name) < needed:
                 free = max(0, self._free_on(node.name))
                 return (
@@ -188,10 +241,23 @@ class DraState:
         result = allocate_pod_claims(self.catalog, effective, node.name, node.label_map, self.busy)
         if isinstance(result, AllocationFailure):
             return result.reason
-        return tuple(
+        special = self.special_for(pod, node)
+        grants = [
             ClaimGrant(c.key, None if c.allocation is not None else alloc)
             for c, alloc in zip(claims, result, strict=True)
-        )
+        ]
+        if special is not None:
+            # The claim the commit creates: what it asks, and which container uses what.
+            grants[-1] = ClaimGrant(
+                special.claim.key,
+                grants[-1].allocation,
+                tuple(
+                    (r.name, r.alternatives[0].device_class, r.alternatives[0].count)
+                    for r in special.claim.requests
+                ),
+                tuple((m.container, m.resource, m.request) for m in special.mappings),
+            )
+        return tuple(grants)
 
     def check(self, pod: Pod, node_of: Callable[[str], Node]) -> Callable[[str], str | None]:
         """A node check for the greedy: None when the pod's claims can be allocated on the
@@ -203,11 +269,11 @@ class DraState:
 
         return accept
 
-    def take(self, pod: Pod, grants: Sequence[ClaimGrant]) -> None:
-        """The placed ``pod`` holds what ``grants`` allocate. Raises ValueError (nothing
-        taken) when the pod's claims are not all granted, a device is taken already, or a
-        claim was allocated differently earlier this cycle."""
-        claims = self.claims_of(pod)
+    def take(self, pod: Pod, node: Node, grants: Sequence[ClaimGrant]) -> None:
+        """The ``pod`` placed on ``node`` holds what ``grants`` allocate. Raises ValueError
+        (nothing taken) when the pod's claims are not all granted, a device is taken
+        already, or a claim was allocated differently earlier this cycle."""
+        claims = self.claims_for(pod, node)
         if claims is None:
             raise ValueError(f"pod {pod.key}: {UNKNOWN_CLAIMS}")
         if [g.claim for g in grants] != [c.key for c in claims]:

@@ -442,8 +442,6 @@ ROUGHLY = "nodes with room are refused by its pod affinity, anti-affinity or spr
 
 
 def _rough_code(pod: Pod) -> str:
-    if pod.resource_claims and not pod.topology_rules:
-        return DEVICES_UNAVAILABLE
     if pod.spread:
         return TOPOLOGY_SPREAD
     return POD_AFFINITY if pod.pod_affinity and not pod.pod_anti_affinity else POD_ANTI_AFFINITY
@@ -466,7 +464,7 @@ def why_not(
     if not detailed:
         # The pod's last search (just now, same state) says whether room was found.
         if index.refused_by_rules:
-            if _rough_code(pod) == DEVICES_UNAVAILABLE:
+            if state.needs_devices(pod) and not pod.topology_rules:
                 return DEVICES_UNAVAILABLE, f"pod {pod.key}: {_devices_detail(state)}{gang}"
             return _rough_code(pod), f"pod {pod.key}: {ROUGHLY}{gang}"
         return NO_FIT, f"pod {pod.key}: no node has room for it{gang}"

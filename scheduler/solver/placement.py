@@ -108,6 +108,17 @@ class ClaimGrant:
 
     claim: str  # ``namespace/name``
     allocation: ClaimAllocation | None = None
+    #: Set for the claim the scheduler creates for the pod's extended resources backed by
+    #: DRA (:mod:`scheduler.cluster.dra_extended`; ``claim`` is then a stand-in key): its
+    #: requests as (request name, DeviceClass, count) ...
+    requests: tuple[tuple[str, str, int], ...] = ()
+    #: ... and the pod status' request mappings as (container, resource, request name).
+    mappings: tuple[tuple[str, str, str], ...] = ()
+
+    @property
+    def extended(self) -> bool:
+        """True for the claim the commit must create (extended resources backed by DRA)."""
+        return bool(self.requests)
 
 
 @dataclass(frozen=True, slots=True)

@@ -215,7 +215,9 @@ def _solve(
     # Gangs whose pods use ResourceClaims: only the greedy sees devices (dra_state), so
     # every later stage keeps them as it placed them, and taking back leaves them out.
     with_claims = frozenset(
-        g.key for g in problem.order if any(p.resource_claims for p in (*g.required, *g.extras))
+        g.key
+        for g in problem.order
+        if any(state.needs_devices(p) for p in (*g.required, *g.extras))
     )
     if any(p.topology_rules for g in problem.order for p in g.required):
         greedy = place_ruled_again(snapshot, problem, topology.ruled, state, greedy, cycle)

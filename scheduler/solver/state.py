@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from scheduler.cluster.node import GPU_MILLI, GPU_MODEL_LABEL, Node
 from scheduler.cluster.pod import Pod
-from scheduler.cluster.resources import PODS, Resources
+from scheduler.cluster.resources import GPU, PODS, Resources
 from scheduler.cluster.snapshot import BoundUsage, Snapshot, bound_usage
 from scheduler.framework.scoring import PodDemand, pod_demand
 from scheduler.plugins.podtopology import PodTopology, attracts
@@ -229,9 +229,13 @@ class ClusterState:
         return pod.topology_rules or self.anti_owners > 0
 
     def needs_devices(self, pod: Pod) -> bool:
-        """True when ``pod``'s ResourceClaims decide where it may go (it is unbound and uses
-        claims)."""
-        return pod.resource_claims > 0 and pod.node_name is None
+        """True when devices decide where ``pod`` may go: it is unbound and uses
+        ResourceClaims, or asks for an extended resource a DeviceClass serves."""
+        if pod.node_name is not None:
+            return False
+        if pod.resource_claims > 0:
+            return True
+        return bool(pod.extended_containers) and self.dra is not None and self.dra.serves(pod)
 
     def devices_check(self, pod: Pod) -> Callable[[str], str | None]:
         """A node check: None when the pod's claims can be allocated on the named node now
@@ -347,8 +351,23 @@ class ClusterState:
         try:
             return self._demands[key]
         except KeyError:
-            d = self._demands[key] = pod_demand(pod, slot.node)
+            d = pod_demand(pod, slot.node)
+            if d is not None and pod.extended_containers and self.dra is not None:
+                d = self._without_backed(pod, slot.node, d)
+            self._demands[key] = d
             return d
+
+    def _without_backed(self, pod: Pod, node: Node, demand: PodDemand) -> PodDemand:
+        """``demand`` without the extended resources ``node`` gives through DRA (its
+        claims take them; :mod:`scheduler.cluster.dra_extended`)."""
+        assert self.dra is not None
+        backed = self.dra.backed(pod, node)
+        if not backed:
+            return demand
+        requests = Resources({k: v for k, v in demand.requests.items() if k not in backed})
+        if GPU in backed:
+            return PodDemand(requests)
+        return PodDemand(requests, demand.gpu_count, demand.gpu_milli)
 
     def apply(self, assignment: PodAssignment, pod: Pod | None = None) -> None:
         """Take the pod's resources and device grant on its node.
@@ -376,7 +395,7 @@ class ClusterState:
         if self.needs_devices(pod):
             # Every stage that places a pod with claims must say which devices it gets
             # (only the greedy does; the others keep such gangs as it placed them).
-            self._dra_state().take(pod, assignment.claims)
+            self._dra_state().take(pod, slot.node, assignment.claims)
         classes = self.classes
         members = classes.get(slot.key)  # _leave, written out (every placement comes here)
         if members is not None:

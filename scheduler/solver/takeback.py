@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from scheduler.cluster.pod import Pod
+from scheduler.cluster.podspec import is_extended_resource
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.fairness import FairShareReport
 from scheduler.fairness.admission import OVER_QUOTA
@@ -84,6 +86,18 @@ class TakeBack:
         out = {e.pod_uid for e in self.evictions}
         out.update(uid for uids in self.waits_for.values() for uid in uids)
         return out
+
+
+def holds_claimed_devices(snapshot: Snapshot, pod: Pod) -> bool:
+    """True for a bound pod that holds devices through ResourceClaims: its own, or the claim
+    made for an extended resource its node does not advertise (served by DRA)."""
+    if pod.resource_claims:
+        return True
+    node = snapshot.node_by_name.get(pod.node_name or "")
+    return node is not None and any(
+        v > 0 and is_extended_resource(r) and node.allocatable.get(r, 0) <= 0
+        for r, v in pod.requests.items()
+    )
 
 
 def take_back(
@@ -199,7 +213,7 @@ def take_back(
             and len(u.pods) <= settings.consolidation_max_pods - moved_pods
             and now - u.started >= snapshot.queue_tree.min_runtime(u.queue, "preempt")
             # A pod's claims hold devices where it runs; moving it would need them moved too.
-            and not any(p.resource_claims for p in u.pods)
+            and not any(holds_claimed_devices(snapshot, p) for p in u.pods)
         ]
         if not actions and not movable:
             out.refused[g.key] = "no running work may be taken for it"

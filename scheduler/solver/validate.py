@@ -97,13 +97,16 @@ def validate(
             out.append(f"pod {pod.key}: placed twice")
             continue
         seen.add(a.pod_uid)
+        # Extended resources the node gives through DRA: the claim's devices, not allocatable.
+        by_claim = {m[1] for g in a.claims for m in g.mappings} if a.claims else ()
         if k < checked:
             # Counted only (see ``checked``): the node exists, the grant is right.
             for i, milli in a.gpu_grant:
                 device_take[(a.node, i)] += milli
             row = added[a.node]
             for r, v in pod.requests.items():
-                row[r] = row.get(r, 0) + v
+                if r not in by_claim:
+                    row[r] = row.get(r, 0) + v
             added_pods[a.node] += 1
             per_gang[pod.gang] += 1
             placed.append((pod, a))
@@ -135,7 +138,7 @@ def validate(
             ok = accepts[rule_key] = pod.accepts(node)
         if not ok:
             out.append(f"pod {pod.key}: node {node.name} fails its taints/selector/affinity")
-        expected = _expected_grant(pod, node.gpu_memory_mib)
+        expected = (0, 0) if GPU in by_claim else _expected_grant(pod, node.gpu_memory_mib)
         indices = [i for i, _ in a.gpu_grant]
         if expected is None:
             out.append(f"pod {pod.key}: GPU share cannot be sized on node {node.name}")
@@ -155,7 +158,8 @@ def validate(
             device_take[(node.name, i)] += milli
         row = added[node.name]
         for r, v in pod.requests.items():
-            row[r] = row.get(r, 0) + v
+            if r not in by_claim:
+                row[r] = row.get(r, 0) + v
         added_pods[node.name] += 1
         per_gang[pod.gang] += 1
         placed.append((pod, a))
@@ -190,7 +194,9 @@ def validate(
 
     out.extend(_queue_violations(snapshot, placed, evicted))
     out.extend(topology_violations(snapshot, assignments, evicted=evicted, checked=checked))
-    if snapshot.dra is not None or any(p.resource_claims and p.pending for p, _ in placed):
+    if snapshot.dra is not None or any(
+        (p.resource_claims and p.pending) or a.claims for p, a in placed
+    ):
         # Imported here: it loads the CEL library, which clusters without claims never need.
         from scheduler.solver.validate_dra import dra_violations
 

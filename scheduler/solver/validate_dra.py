@@ -12,7 +12,9 @@ allocated this cycle gets one allocation, whoever shares it; each of its devices
 newest generation of its pool, is reachable from every node of a pod that uses it, matches
 its class and the request's selectors, serves a request (or alternative) of the claim with
 the right count; ``matchAttribute`` holds; no device is held by two claims or by a claim and
-an allocation or reservation made before.
+an allocation or reservation made before. A pod that asks for an extended resource its node
+does not advertise and a DeviceClass serves gets exactly one claim for such resources, whose
+requests (of the serving class) give each container at least what it asks.
 """
 
 from __future__ import annotations
@@ -23,17 +25,20 @@ from collections.abc import Mapping, Sequence
 from scheduler.cluster.dra import (
     ClaimAllocation,
     Device,
+    DeviceClass,
     DeviceId,
+    DeviceRequest,
     RequestAlternative,
     ResourceClaim,
     ResourceSlice,
     current_slices,
 )
+from scheduler.cluster.dra_extended import classes_by_resource
 from scheduler.cluster.dracel import DeviceEnv, compile_selector
 from scheduler.cluster.draview import DraView
 from scheduler.cluster.node import Node
 from scheduler.cluster.pod import Pod
-from scheduler.solver.placement import PodAssignment
+from scheduler.solver.placement import ClaimGrant, PodAssignment
 
 __all__ = ["dra_violations"]
 
@@ -127,6 +132,62 @@ def _check_allocation(
     return out
 
 
+def _extended_violations(
+    a: PodAssignment,
+    pod: Pod,
+    node: Node,
+    extra: Sequence[ClaimGrant],
+    served: Mapping[str, DeviceClass],
+    claims: dict[str, ResourceClaim],
+    made: dict[str, tuple[ClaimAllocation, list[Node]]],
+) -> list[str]:
+    """The claim for the pod's extended resources that ``node`` gives through DRA: there is
+    one exactly when some are, it covers each container's requests of them with devices of
+    the class that serves the resource, and its allocation joins the others' checks."""
+    wanted: dict[tuple[str, str], int] = {}
+    for c in pod.extended_containers:
+        for r, n in c.requests:
+            if n > 0 and r in served and node.allocatable.get(r, 0) <= 0:
+                wanted[(c.name, r)] = max(wanted.get((c.name, r), 0), n)
+    if not extra:
+        if wanted:
+            names = sorted({r for _, r in wanted})
+            return [f"pod {a.pod_key}: {names} are not on node {node.name} and get no devices"]
+        return []
+    if len(extra) > 1 or not wanted:
+        return [
+            f"pod {a.pod_key}: {len(extra)} claims for extended resources, {len(wanted)} wanted"
+        ]
+    grant = extra[0]
+    out: list[str] = []
+    sizes = {name: (cls, count) for name, cls, count in grant.requests}
+    got: dict[tuple[str, str], int] = {}
+    for container, resource, request in grant.mappings:
+        if request not in sizes:
+            out.append(f"pod {a.pod_key}: mapping names request {request!r} the claim lacks")
+            continue
+        cls, count = sizes[request]
+        if served.get(resource) is None or served[resource].name != cls:
+            out.append(f"pod {a.pod_key}: {resource} is served by class {cls}, not its own")
+        got[(container, resource)] = got.get((container, resource), 0) + count
+    for key, n in wanted.items():
+        if got.get(key, 0) < n:
+            out.append(
+                f"pod {a.pod_key}: container {key[0]} asks {n} {key[1]}, "
+                f"its requests give {got.get(key, 0)}"
+            )
+    if grant.allocation is None:
+        return [*out, f"pod {a.pod_key}: the claim for its extended resources has no devices"]
+    requests = tuple(
+        DeviceRequest(name, (RequestAlternative(name, cls, count=count),))
+        for name, cls, count in grant.requests
+    )
+    ns, name = grant.claim.split("/", 1)
+    claims[grant.claim] = ResourceClaim(ns, name, "", requests)
+    made[grant.claim] = (grant.allocation, [node])
+    return out
+
+
 def dra_violations(
     view: DraView | None,
     assignments: Sequence[PodAssignment],
@@ -137,28 +198,38 @@ def dra_violations(
     out: list[str] = []
     view = view if view is not None else DraView()
     keys_by_pod = view.claim_keys_by_pod
-    claims = view.claim_by_key
+    claims = dict(view.claim_by_key)  # and the claims for extended resources, as met
     # claim key -> (its allocation this cycle, the nodes of the pods that use it)
     made: dict[str, tuple[ClaimAllocation, list[Node]]] = {}
+    served: dict[str, DeviceClass] | None = None
     for a in assignments:
         pod = pods.get(a.pod_uid)
         if pod is None:
             continue
-        if pod.resource_claims == 0 or pod.node_name is not None:
+        if pod.node_name is not None:
             if a.claims:
+                out.append(f"pod {a.pod_key}: is bound and has claim grants")
+            continue
+        node = nodes.get(a.node)
+        if node is None:
+            continue  # the main validator names the unknown node
+        own = [g for g in a.claims if not g.extended]
+        extra = [g for g in a.claims if g.extended]
+        if served is None:
+            served = classes_by_resource(view.classes)
+        out += _extended_violations(a, pod, node, extra, served, claims, made)
+        if pod.resource_claims == 0:
+            if own:
                 out.append(f"pod {a.pod_key}: has claim grants but uses no ResourceClaims")
             continue
         keys = keys_by_pod.get(pod.uid)
         if keys is None:
             out.append(f"pod {a.pod_key}: placed although its ResourceClaims are not known")
             continue
-        if [g.claim for g in a.claims] != list(keys):
-            out.append(f"pod {a.pod_key}: claim grants {[g.claim for g in a.claims]} != {keys}")
+        if [g.claim for g in own] != list(keys):
+            out.append(f"pod {a.pod_key}: claim grants {[g.claim for g in own]} != {keys}")
             continue
-        node = nodes.get(a.node)
-        if node is None:
-            continue  # the main validator names the unknown node
-        for grant in a.claims:
+        for grant in own:
             claim = claims.get(grant.claim)
             if claim is None:
                 out.append(f"pod {a.pod_key}: claim {grant.claim} is not in the snapshot")

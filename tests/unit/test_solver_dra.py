@@ -30,6 +30,7 @@ from scheduler.cluster.gang import Gang
 from scheduler.cluster.node import Node
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.queue import Queue, QueueResource, pod_queue_usage
+from scheduler.cluster.resources import Resources
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.solver import PlacementSettings, solve
 from scheduler.solver.placement import ClaimGrant, PodAssignment
@@ -330,3 +331,121 @@ def test_claim_gpus_count_toward_the_queue() -> None:
     assert pod_queue_usage(pod)["gpu"] == 2000
     assignments, reasons = solved(counted)
     assert assignments == [] and gang.key in reasons  # 2 GPUs over a limit of 1
+
+
+# --- extended resources backed by DRA ------------------------------------------------------
+
+EXT = "example.com/gpu"
+EXT_CLASS = DeviceClass(CLASS.name, CLASS.selectors, EXT)
+
+
+def ext_pod(name: str, counts: dict[str, int], *, init: dict[str, int] | None = None) -> Pod:
+    from scheduler.cluster.podspec import extended_containers
+
+    spec: dict[str, object] = {
+        "containers": [
+            {"name": f"c{i}", "resources": {"requests": {EXT: str(n)}, "limits": {EXT: str(n)}}}
+            for i, n in enumerate(counts.values())
+        ]
+    }
+    if init:
+        spec["initContainers"] = [
+            {"name": f"i{i}", "resources": {"requests": {EXT: str(n)}}}
+            for i, n in enumerate(init.values())
+        ]
+    total = max(sum(counts.values()), max((init or {0: 0}).values()))
+    pod = make_pod(name, queue="team", cpu=1)
+    return dataclasses.replace(
+        pod,
+        requests=pod.requests + Resources({EXT: total}),
+        extended_containers=extended_containers(spec),
+    )
+
+
+def ext_snap(
+    pods: Sequence[Pod], node_list: Sequence[Node], slices: Sequence[ResourceSlice]
+) -> Snapshot:
+    gangs = tuple(Gang("default", p.name, 1, "team") for p in pods)
+    view = DraView.build([EXT_CLASS], list(slices))
+    return Snapshot(tuple(node_list), tuple(pods), gangs, QUEUES, dra=view)
+
+
+def test_extended_resource_is_served_by_devices_where_no_node_advertises_it() -> None:
+    pods = [ext_pod("a", {"c0": 2, "c1": 1}), ext_pod("b", {"c0": 3})]
+    s = ext_snap(pods, nodes(2), [gpu_slice("n0", 4), gpu_slice("n1", 4)])
+    assignments, reasons = solved(s)
+    assert len(assignments) == 2 and not reasons
+    for a in assignments:
+        (grant,) = a.claims
+        assert grant.extended and grant.allocation is not None
+        assert {r.pool for r in grant.allocation.results} == {a.node}
+    by_pod = {a.pod_key: a.claims[0] for a in assignments}
+    a_grant = by_pod["default/a"]
+    assert a_grant.requests == (
+        ("container-0-request-0", CLASS.name, 2),
+        ("container-1-request-0", CLASS.name, 1),
+    )
+    assert a_grant.mappings == (
+        ("c0", EXT, "container-0-request-0"),
+        ("c1", EXT, "container-1-request-0"),
+    )
+    devices = devices_of(assignments)
+    assert len(devices) == 6 and len(set(devices)) == 6
+    # A third pod asking 3 more does not fit: 8 devices, 6 taken, 2 per node left at most.
+    s3 = ext_snap(
+        [*pods, ext_pod("c", {"c0": 3})], nodes(2), [gpu_slice("n0", 4), gpu_slice("n1", 4)]
+    )
+    assignments, reasons = solved(s3)
+    assert len(assignments) == 2 and "default/c" in reasons
+
+
+def test_node_that_advertises_the_resource_uses_its_device_plugin() -> None:
+    plugin = make_node("dp", gpus=0, cpu=64, memory_gib=256)
+    plugin = dataclasses.replace(plugin, allocatable=plugin.allocatable + Resources({EXT: 4}))
+    pod = ext_pod("a", {"c0": 2})
+    s = ext_snap([pod], [plugin], [])
+    assignments, _ = solved(s)
+    (a,) = assignments
+    assert a.node == "dp" and a.claims == ()
+
+
+def test_init_container_reuses_the_requests_of_the_containers_after_it() -> None:
+    pod = ext_pod("a", {"c0": 2}, init={"i0": 1})
+    s = ext_snap([pod], nodes(1), [gpu_slice("n0", 4)])
+    (a,), _ = solved(s)
+    (grant,) = a.claims
+    # i0 (index 0) runs before c0 (index 1): it uses c0's request, no request of its own.
+    assert grant.requests == (("container-1-request-0", CLASS.name, 2),)
+    assert set(grant.mappings) == {
+        ("c0", EXT, "container-1-request-0"),
+        ("i0", EXT, "container-1-request-0"),
+    }
+    big = ext_pod("b", {"c0": 1}, init={"i0": 3})
+    (b,), _ = solved(ext_snap([big], nodes(1), [gpu_slice("n0", 4)]))
+    (grant,) = b.claims
+    assert sorted(grant.requests) == [
+        ("container-0-request-0", CLASS.name, 2),
+        ("container-1-request-0", CLASS.name, 1),
+    ]
+
+
+def test_validator_refuses_an_extended_pod_without_its_devices() -> None:
+    pod = ext_pod("a", {"c0": 2})
+    s = ext_snap([pod], nodes(1), [gpu_slice("n0", 4)])
+    (a,), _ = solved(s)
+    assert validate(s, [a]) == []
+    assert validate(s, [dataclasses.replace(a, claims=())])
+    short = dataclasses.replace(a.claims[0], requests=(("container-0-request-0", CLASS.name, 1),))
+    assert validate(s, [dataclasses.replace(a, claims=(short,))])
+
+
+def test_newer_class_serves_a_shared_extended_name() -> None:
+    from scheduler.cluster.dra_extended import classes_by_resource
+
+    old = DeviceClass("old", (), EXT, created=10.0)
+    new = DeviceClass("new", (), EXT, created=20.0)
+    twin = DeviceClass("aaa", (), EXT, created=20.0)
+    assert classes_by_resource([old, new])[EXT].name == "new"
+    assert classes_by_resource([new, old])[EXT].name == "new"
+    assert classes_by_resource([new, twin])[EXT].name == "aaa"  # same age: lower name
+    assert classes_by_resource([old])["deviceclass.resource.kubernetes.io/old"].name == "old"
