@@ -81,8 +81,11 @@ class DraState:
         self._matcher = matcher if matcher is not None else SHARED_MATCHER
         #: Devices nobody else may get now.
         self.busy: set[DeviceId] = set(self.view.busy)
-        #: Node -> node-local devices not taken (filled per node on first use).
+        #: Node -> node-local devices not taken (filled per node on first use, then kept
+        #: up to date as devices are taken and given back).
         self._free_local: dict[str, int] = {}
+        #: Node -> its devices taken when the counts started (built on first use).
+        self._busy_by_node: dict[str, int] | None = None
         self._served: dict[str, DeviceClass] | None = None
         self._specials: dict[tuple[str, tuple[str, ...]], SpecialClaim | None] = {}
         #: Claim key -> (allocation made this cycle, uids of the placed pods that use it).
@@ -120,21 +123,32 @@ class DraState:
 
     def _free_on(self, node: str) -> int:
         """Node-local devices of ``node`` not taken now."""
+        if self._busy_by_node is None:
+            # One pass over what is taken, counted per node (not one pass per node asked).
+            catalog = self.catalog
+            counts: dict[str, int] = {}
+            for d in self.busy:
+                owner = catalog.node_of(d)
+                if owner is not None:
+                    counts[owner] = counts.get(owner, 0) + 1
+            self._busy_by_node = counts
         free = self._free_local.get(node)
         if free is None:
-            catalog = self.catalog
-            free = catalog.local_count(node) - sum(
-                1 for d in self.busy if catalog.node_of(d) == node
-            )
+            free = self.catalog.local_count(node) - self._busy_by_node.get(node, 0)
             self._free_local[node] = free
         return free
 
     def _moved(self, devices: frozenset[DeviceId], sign: int) -> None:
-        """Keep the free counts of the nodes whose devices were taken (-1) or freed (+1)."""
+        """Keep the counts of the nodes whose devices were taken (-1) or freed (+1)."""
+        if self._busy_by_node is None:
+            return  # not counted yet: the first count sees ``busy`` as it is then
         catalog = self.catalog
         for d in devices:
             node = catalog.node_of(d)
-            if node is not None and node in self._free_local:
+            if node is None:
+                continue
+            self._busy_by_node[node] = self._busy_by_node.get(node, 0) - sign
+            if node in self._free_local:
                 self._free_local[node] += sign
 
     # --- extended resources backed by DRA (scheduler.cluster.dra_extended) -----------------
