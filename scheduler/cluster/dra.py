@@ -60,6 +60,10 @@ class Device:
     attributes: tuple[tuple[str, AttributeValue], ...] = ()
     capacity: tuple[tuple[str, Fraction], ...] = ()
     allow_multiple_allocations: bool = False
+    #: Why the device is never allocated (empty: it may be): it uses a DRA feature this
+    #: scheduler does not evaluate yet (device taints, shared counters), and allocating it
+    #: as a plain device could break what that feature promises.
+    left_out: str = ""
 
     def attribute(self, qualified: str, driver: str) -> AttributeValue | None:
         """The value of ``domain/name`` (an unqualified published name is in ``driver``'s

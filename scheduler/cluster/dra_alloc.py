@@ -162,8 +162,14 @@ class DeviceCatalog:
         self._local: dict[str, list[Candidate]] = {}
         self._shared: list[Candidate] = []
         self._all: list[Candidate] = []
+        #: Node ("" for network-attached pools) -> why its devices that are never
+        #: allocated are left out (see :attr:`Device.left_out`).
+        self.left_out: dict[str, list[str]] = {}
         for s in current:
             for d in s.devices:
+                if d.left_out:
+                    self.left_out.setdefault(s.node_name or "", []).append(d.left_out)
+                    continue
                 cand = Candidate((s.driver, s.pool, d.name), d, s)
                 self._all.append(cand)
                 if s.node_name is not None:
@@ -175,6 +181,12 @@ class DeviceCatalog:
         self._node_of: dict[DeviceId, str] | None = None
         self._matching: dict[tuple[str, tuple[str, ...]], _Matching] = {}
         self._on_node: dict[tuple[str, tuple[str, ...], str], list[Candidate]] = {}
+
+    def left_out_note(self, node_name: str) -> str:
+        """`` (N left out here: why)`` when devices of ``node_name`` are never allocated
+        (see :attr:`Device.left_out`), else empty: said wherever a node lacks devices."""
+        left = self.left_out.get(node_name, [])
+        return f" ({len(left)} left out here: {left[0]})" if left else ""
 
     @property
     def has_shared(self) -> bool:
@@ -307,7 +319,9 @@ class _Search:
         return any(self._try(i, request, alt) for alt in request.alternatives)
 
     def _fail(self, request: DeviceRequest, text: str) -> bool:
-        self.reasons.append(f"request {request.name}: {text}")
+        self.reasons.append(
+            f"request {request.name}: {text}{self.catalog.left_out_note(self.node)}"
+        )
         return False
 
     def _try(self, i: int, request: DeviceRequest, alt: RequestAlternative) -> bool:
@@ -333,6 +347,9 @@ class _Search:
                 )
             if pools & self.catalog.incomplete_pools:
                 return self._fail(request, "allocationMode All: a device pool is incomplete")
+            if self.catalog.left_out.get(self.node) or self.catalog.left_out.get(""):
+                # "All" must not quietly mean "all but the ones we cannot evaluate".
+                return self._fail(request, "allocationMode All: some devices are left out")
             want = len(free)
         else:
             want = alt.count

@@ -217,7 +217,12 @@ def _device(raw: Any, path: str) -> Device:
         except QuantityError as e:
             raise DraSpecError(cpath, str(e)) from e
     allow = _bool(body.get("allowMultipleAllocations"), f"{path}.allowMultipleAllocations")
-    return Device(name, attrs, tuple(sorted(caps)), allow)
+    left_out = ""
+    if body.get("taints"):
+        left_out = f"{path}.taints: device taints are not supported yet"
+    elif body.get("consumesCounters"):
+        left_out = f"{path}.consumesCounters: shared counters are not supported yet"
+    return Device(name, attrs, tuple(sorted(caps)), allow, left_out)
 
 
 def resource_slice_from_k8s(obj: Mapping[str, Any]) -> ResourceSlice:

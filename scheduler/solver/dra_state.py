@@ -244,6 +244,7 @@ class DraState:
                 return (
                     f"node {node.name} has {free} free device{'' if free == 1 else 's'}; "
                     f"its ResourceClaims take at least {needed}"
+                    f"{self.catalog.left_out_note(node.name)}"
                 )
         # Claims allocated earlier this cycle are allocated as far as this pod goes.
         effective = [

@@ -449,3 +449,32 @@ def test_newer_class_serves_a_shared_extended_name() -> None:
     assert classes_by_resource([new, old])[EXT].name == "new"
     assert classes_by_resource([new, twin])[EXT].name == "aaa"  # same age: lower name
     assert classes_by_resource([old])["deviceclass.resource.kubernetes.io/old"].name == "old"
+
+
+def test_devices_with_taints_or_shared_counters_are_never_allocated() -> None:
+    from scheduler.cluster.draspec import resource_slice_from_k8s
+
+    published = resource_slice_from_k8s(
+        {
+            "metadata": {"name": "n0-gpus"},
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": "n0",
+                "pool": {"name": "n0", "generation": 1, "resourceSliceCount": 1},
+                "devices": [
+                    {"name": "gpu-0", "taints": [{"key": "broken", "effect": "NoSchedule"}]},
+                    {"name": "gpu-1", "consumesCounters": [{"counterSet": "mem", "counters": {}}]},
+                    {"name": "gpu-2"},
+                ],
+            },
+        }
+    )
+    assert [d.left_out != "" for d in published.devices] == [True, True, False]
+    gang, pods = make_gang("job", 1, queue="team", cpu=1)
+    s = snap(nodes(1), [(gang, pods, [["two"]])], [published], [claim("two", count=2)])
+    placement = solve(s, PlacementSettings(take_back=False))
+    assert placement.assignments == ()
+    assert "device taints are not supported yet" in placement.outcomes[gang.key].reason
+    s1 = snap(nodes(1), [(gang, pods, [["one"]])], [published], [claim("one")])
+    assignments, _ = solved(s1)
+    assert devices_of(assignments) == [(DRIVER, "n0", "gpu-2")]
