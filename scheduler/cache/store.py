@@ -122,6 +122,7 @@ from scheduler.k8s.resources import (
 
 if TYPE_CHECKING:
     from scheduler.cache.dra import DraIndex, DraKind, DraProblem
+    from scheduler.cache.dra_reservations import DraReservations
     from scheduler.cluster.dra import DeviceId
     from scheduler.cluster.draview import DraView
 
@@ -273,6 +274,8 @@ class Cache:
         self._dra: DraIndex | None = None
         #: Parse problems of DRA objects, as Events (by (kind, key)).
         self._dra_problems: dict[tuple[str, str], Problem] = {}
+        #: Devices chosen by commits whose claims the watch does not show allocated yet.
+        self._dra_reservations: DraReservations | None = None
         #: Gangs consolidation moved, admitted first until they run again (:mod:`.restoring`).
         self._restoring = RestoringGangs()
         #: GPU reservation pods (see :mod:`scheduler.cluster.gpusharing`), by namespace/name.
@@ -385,6 +388,11 @@ class Cache:
             if self.dra.upsert(cast("DraKind", kind), key, obj):
                 self._changed()  # devices published, taken or freed; a verdict may change
             self._note_dra_problem(kind, key, obj)
+            if kind == "ResourceClaim" and self._dra_reservations is not None:
+                claim = self.dra.claims.get(key)
+                if claim is not None and claim.allocation is not None:
+                    # The claim itself holds the devices now.
+                    self._dra_reservations.settle(key)
             return
         old = self._raw[kind].get(key)
         self._raw[kind][key] = obj
@@ -426,6 +434,8 @@ class Cache:
             self._dra_problems.pop((kind, key), None)
             if self._dra is not None and self._dra.delete(cast("DraKind", kind), key):
                 self._changed()
+            if kind == "ResourceClaim" and self._dra_reservations is not None:
+                self._dra_reservations.settle(key)
             return
         if self._raw[kind].pop(key, None) is None:
             return
@@ -863,9 +873,22 @@ class Cache:
 
         return with_claim_gpus(pods, view), view
 
+    @property
+    def dra_reservations(self) -> DraReservations:
+        """Devices chosen by commits whose claims the watch does not show allocated yet
+        (:mod:`scheduler.cache.dra_reservations`; the commit reserves and releases them,
+        a claim event settles them)."""
+        if self._dra_reservations is None:
+            from scheduler.cache.dra_reservations import DraReservations
+
+            self._dra_reservations = DraReservations()
+        return self._dra_reservations
+
     def dra_reserved_devices(self) -> frozenset[DeviceId]:
         """Devices chosen by commits whose claim status the watch does not show yet."""
-        return frozenset()
+        if self._dra_reservations is None:
+            return frozenset()
+        return self._dra_reservations.devices()
 
     def snapshot(self, now: float | None = None) -> Snapshot:
         """An immutable view for one cycle, assumed pods counted as bound."""

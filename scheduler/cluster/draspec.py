@@ -357,6 +357,9 @@ def resource_claim_from_k8s(obj: Mapping[str, Any]) -> ResourceClaim:
     for i, c in enumerate(_list(devices.get("constraints"), "spec.devices.constraints")):
         cpath = f"spec.devices.constraints[{i}]"
         c = _map(c, cpath)
+        if c.get("distinctAttribute") is not None:
+            # Placement would break the constraint if it were ignored: the claim waits.
+            raise DraSpecError(f"{cpath}.distinctAttribute", "is not supported yet")
         attribute = _str(c.get("matchAttribute"), f"{cpath}.matchAttribute")
         if "/" not in attribute:
             raise DraSpecError(f"{cpath}.matchAttribute", "must be qualified: domain/name")

@@ -22,6 +22,14 @@ get their volumes reserved right before they are assumed (none left on a member'
 of the gang is assumed), and the volumes are bound to the claims before any member's bind is
 sent (that failing: every member is forgotten, none is bound).
 
+ResourceClaims (:mod:`scheduler.commit.dra`): the devices chosen for the gang's claims are
+reserved in the cache right before the members are assumed (devices held for another claim:
+nothing of the gang is assumed), and each claim's status (allocation, reservedFor) is written
+before any member's bind is sent, after the GPU-sharing holds and before the volumes (a
+volume bound to a node cannot be undone, a claim can). A claim that cannot be written fails
+the gang: what was written is undone and every member forgotten. Members whose bind is
+refused leave ``reservedFor`` again (an allocation nobody else uses is cleared).
+
 :func:`assume_gang` is synchronous and :func:`bind_gang` does the I/O, so the live backend can
 assume in the cycle and let the binds stream in the background while the next cycle runs.
 """
@@ -31,7 +39,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
@@ -40,6 +48,10 @@ from scheduler.commit.gpusharing import GpuSharing
 from scheduler.commit.volumebind import VolumeReservations, bind_volumes, reserve_volumes
 from scheduler.k8s.writer import BindOutcome, Writer
 from scheduler.solver.placement import GangOutcome, PodAssignment
+
+if TYPE_CHECKING:
+    # The DRA modules load the CEL library (~0.25 s): imported only by gangs with claims.
+    from scheduler.commit.dra import ClaimReservations, ClaimWrite
 
 __all__ = ["Assumer", "GangCommit", "assume_gang", "bind_gang", "commit_gang"]
 
@@ -74,6 +86,21 @@ class Assumer(Protocol):
     def volumes(self) -> VolumeReservations:
         """Volumes chosen for the claims of pods being committed."""
         ...
+
+    @property
+    def dra_reservations(self) -> ClaimReservations:
+        """Devices chosen for the ResourceClaims of pods being committed
+        (:class:`scheduler.cache.dra_reservations.DraReservations`)."""
+        ...
+
+
+def claim_reservations(cache: Assumer) -> ClaimReservations:
+    """The cache's in-flight device reservations (read only for gangs that use claims)."""
+    return cache.dra_reservations
+
+
+def _uses_claims(outcome: GangOutcome) -> bool:
+    return any(a.claims for a in outcome.pods)
 
 
 @dataclass
@@ -122,8 +149,19 @@ def assume_gang(
         result.skipped = True
         log.info("commit_skipped_not_leader", gang=outcome.gang, cycle=cycle)
         return result
+    claims = claim_reservations(cache) if _uses_claims(outcome) else None
+    if claims is not None:
+        from scheduler.commit.dra import release_claims, reserve_claims
+
+        refused = reserve_claims(outcome, claims, cycle=cycle)
+        if refused:
+            result.skipped = True
+            result.failed = refused
+            return result
     refused = reserve_volumes(outcome, cache.volumes, cycle=cycle)
     if refused:
+        if claims is not None:
+            release_claims(outcome, claims)
         result.skipped = True
         result.failed = refused
         return result
@@ -150,18 +188,35 @@ async def bind_gang(
     result = GangCommit(outcome.gang)
     queue = outcome.queue or None
     assignments: Sequence[PodAssignment] = list(outcome.pods)
+    claims = claim_reservations(cache) if _uses_claims(outcome) else None
     # Devices first: a reservation pod left by a failed gang is collected, while a volume
     # bound to a node is not undone.
     if sharing is not None:
         problem = await sharing.hold(assignments, pods)
         if problem is not None:
             log.warning("gpu_reservation_refused", gang=outcome.gang, error=problem, cycle=cycle)
+            if claims is not None:
+                from scheduler.commit.dra import release_claims
+
+                release_claims(outcome, claims)
             for a in assignments:
                 cache.forget(a.pod_uid)
             result.skipped = True
             result.failed = [(a, problem) for a in assignments]
             return result
-    problem = await bind_volumes(outcome, writer, cache.volumes, cycle=cycle)
+    writes: list[ClaimWrite] = []
+    every = {a.pod_uid for a in assignments}
+    problem = None
+    if claims is not None:
+        from scheduler.commit.dra import write_claims
+
+        writes, problem = await write_claims(outcome, pods, writer, claims, cycle=cycle)
+        if problem is not None:
+            await _undo_all(outcome, writes, every, writer, claims, cycle)
+    if problem is None:
+        problem = await bind_volumes(outcome, writer, cache.volumes, cycle=cycle)
+        if problem is not None and claims is not None:
+            await _undo_all(outcome, writes, every, writer, claims, cycle)
     if problem is not None:
         for a in assignments:
             cache.forget(a.pod_uid)
@@ -213,6 +268,13 @@ async def bind_gang(
             error=error,
             cycle=cycle,
         )
+    if claims is not None and result.failed:
+        # Members refused for good leave their claims; uncertain ones may be bound and keep
+        # them. An allocation that only they used is cleared again.
+        from scheduler.commit.dra import undo_claims
+
+        refused = {a.pod_uid for a, _ in result.failed}
+        await undo_claims(writes, refused, writer, claims, cycle=cycle)
     if sharing is not None and result.bound:
         await asyncio.gather(*(sharing.fill(a, pods[a.pod_key]) for a in result.bound))
     if result.partial:
@@ -224,6 +286,23 @@ async def bind_gang(
             cycle=cycle,
         )
     return result
+
+
+async def _undo_all(
+    outcome: GangOutcome,
+    writes: Sequence[ClaimWrite],
+    uids: set[str],
+    writer: Writer,
+    claims: ClaimReservations,
+    cycle: int,
+) -> None:
+    """Nothing of the gang is bound: take back every claim write, and every hold."""
+    from scheduler.commit.dra import release_claims, undo_claims
+
+    if writes:
+        await undo_claims(writes, uids, writer, claims, cycle=cycle)
+    else:
+        release_claims(outcome, claims)
 
 
 async def commit_gang(

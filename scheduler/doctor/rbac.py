@@ -81,6 +81,13 @@ CLUSTER_RULES: tuple[Rule, ...] = (
     Rule(("",), ("persistentvolumeclaims", "persistentvolumes"), ("get", "list", "watch")),
     Rule(("",), ("persistentvolumes",), ("patch",)),
     Rule(("storage.k8s.io",), ("storageclasses",), ("get", "list", "watch")),
+    Rule(
+        ("resource.k8s.io",),
+        ("deviceclasses", "resourceslices", "resourceclaims"),
+        ("get", "list", "watch"),
+    ),
+    Rule(("resource.k8s.io",), ("resourceclaims",), ("create", "update", "delete")),
+    Rule(("resource.k8s.io",), ("resourceclaims/status",), ("update", "patch")),
     # /debug/snapshot checks its caller's token and rights (TokenReview, SubjectAccessReview).
     Rule(("authentication.k8s.io",), ("tokenreviews",), ("create",)),
     Rule(("authorization.k8s.io",), ("subjectaccessreviews",), ("create",)),

@@ -16,6 +16,8 @@ __all__ = [
     "CLUSTER_SCOPED_KINDS",
     "CONFIG_MAP",
     "DEGRADABLE_KINDS",
+    "DEVICE_CLASS",
+    "DRA_KINDS",
     "EVENT",
     "KINDS",
     "LEASE",
@@ -27,6 +29,8 @@ __all__ = [
     "POD_DISRUPTION_BUDGET",
     "PRIORITY_CLASS",
     "QUEUE",
+    "RESOURCE_CLAIM",
+    "RESOURCE_SLICE",
     "STORAGE_CLASS",
     "VOLCANO_KINDS",
     "VOLCANO_PODGROUP",
@@ -97,6 +101,18 @@ PERSISTENT_VOLUME = ResourceKind(
 STORAGE_CLASS = ResourceKind(
     "StorageClass", "storage.k8s.io", "v1", "storageclasses", namespaced=False
 )
+#: Dynamic Resource Allocation (``resource.k8s.io/v1``): device classes and the devices drivers
+#: publish are cluster-wide; claims live with the pods that use them. The scheduler writes
+#: claims' ``status`` (allocation, reservedFor) before binding their pods.
+DEVICE_CLASS = ResourceKind(
+    "DeviceClass", "resource.k8s.io", "v1", "deviceclasses", namespaced=False
+)
+RESOURCE_SLICE = ResourceKind(
+    "ResourceSlice", "resource.k8s.io", "v1", "resourceslices", namespaced=False
+)
+RESOURCE_CLAIM = ResourceKind(
+    "ResourceClaim", "resource.k8s.io", "v1", "resourceclaims", namespaced=True
+)
 #: Written, not watched: the device ConfigMaps of GPU-sharing pods.
 CONFIG_MAP = ResourceKind("ConfigMap", "", "v1", "configmaps", namespaced=True)
 #: Written, not watched.
@@ -129,6 +145,9 @@ KINDS: dict[str, ResourceKind] = {
         PERSISTENT_VOLUME_CLAIM,
         PERSISTENT_VOLUME,
         STORAGE_CLASS,
+        DEVICE_CLASS,
+        RESOURCE_SLICE,
+        RESOURCE_CLAIM,
         BINDING,
         EVENT,
         LEASE,
@@ -147,10 +166,16 @@ WATCHED_KINDS: tuple[str, ...] = (
     "PersistentVolumeClaim",
     "PersistentVolume",
     "StorageClass",
+    "DeviceClass",
+    "ResourceSlice",
+    "ResourceClaim",
 )
 #: The kinds that say where a pod's volumes may be used (pods that use none never wait for
 #: them).
 VOLUME_KINDS: tuple[str, ...] = ("PersistentVolumeClaim", "PersistentVolume", "StorageClass")
+#: The kinds of Dynamic Resource Allocation (pods that use no ResourceClaim never wait for
+#: them).
+DRA_KINDS: tuple[str, ...] = ("DeviceClass", "ResourceSlice", "ResourceClaim")
 #: Volcano's kinds, watched too by the scheduler process (``scheduler.runner``). Optional:
 #: without Volcano's CRDs they count as listed with no objects and their list is retried.
 VOLCANO_KINDS: tuple[str, ...] = (VOLCANO_QUEUE.key, VOLCANO_PODGROUP.key)
@@ -158,8 +183,12 @@ VOLCANO_KINDS: tuple[str, ...] = (VOLCANO_QUEUE.key, VOLCANO_PODGROUP.key)
 #: an older release) or not found counts as listed with no objects, so it never holds up
 #: scheduling. Without PodDisruptionBudgets the plan cannot honour them, but the Eviction API
 #: still does (a refused eviction drops the plan that needed it). Without the volume kinds
-#: only pods that use PersistentVolumeClaims wait, with a reason naming what to grant.
-DEGRADABLE_KINDS: frozenset[str] = frozenset({"PodDisruptionBudget", *VOLUME_KINDS, *VOLCANO_KINDS})
+#: only pods that use PersistentVolumeClaims wait, with a reason naming what to grant; without
+#: the DRA kinds (an API server that does not serve ``resource.k8s.io/v1``, or a role from an
+#: older release) only pods that use ResourceClaims wait.
+DEGRADABLE_KINDS: frozenset[str] = frozenset(
+    {"PodDisruptionBudget", *VOLUME_KINDS, *DRA_KINDS, *VOLCANO_KINDS}
+)
 #: Keys of the cluster-scoped kinds the cache stores.
 CLUSTER_SCOPED_KINDS: frozenset[str] = frozenset(k.key for k in KINDS.values() if not k.namespaced)
 

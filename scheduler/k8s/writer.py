@@ -460,6 +460,24 @@ class Writer:
         )
         return out if isinstance(out, dict) else {}
 
+    async def update_object(
+        self,
+        kind: ResourceKind,
+        namespace: str | None,
+        name: str,
+        body: Mapping[str, Any],
+        *,
+        subresource: str = "",
+    ) -> dict[str, Any]:
+        """PUT an object (or its ``subresource``, e.g. ``status``), once (no retries): the
+        body's ``metadata.resourceVersion`` is a precondition, :class:`Conflict` when the
+        object changed since (:mod:`scheduler.commit.dra` writes ResourceClaims so). The
+        object as written."""
+        out = await self._request(
+            "PUT", kind.object_path(namespace, name, subresource), body=dict(body)
+        )
+        return out if isinstance(out, dict) else {}
+
     async def get_object(
         self, kind: ResourceKind, namespace: str | None, name: str
     ) -> dict[str, Any] | None:

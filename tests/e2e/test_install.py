@@ -186,6 +186,14 @@ def _assert_least_privilege(cp: ControlPlane, namespace: str, make_gpu_nodes: Ma
         ("watch", "persistentvolumeclaims", None), ("get", "persistentvolumeclaims", namespace),
         ("watch", "persistentvolumes", None), ("watch", "storageclasses.storage.k8s.io", None),
         ("patch", "persistentvolumes", None),
+        ("watch", "deviceclasses.resource.k8s.io", None),
+        ("watch", "resourceslices.resource.k8s.io", None),
+        ("watch", "resourceclaims.resource.k8s.io", None),
+        ("get", "resourceclaims.resource.k8s.io", namespace),
+        ("update", "resourceclaims.resource.k8s.io", namespace),
+        ("create", "resourceclaims.resource.k8s.io", namespace),
+        ("delete", "resourceclaims.resource.k8s.io", namespace),
+        ("update", "resourceclaims.resource.k8s.io/status", namespace),
         ("create", "leases.coordination.k8s.io", NS), ("update", "leases.coordination.k8s.io", NS),
     ]  # fmt: skip
     denied_list = [
@@ -198,6 +206,10 @@ def _assert_least_privilege(cp: ControlPlane, namespace: str, make_gpu_nodes: Ma
         ("delete", "poddisruptionbudgets.policy", namespace),
         ("update", "persistentvolumeclaims", namespace), ("update", "persistentvolumes", None),
         ("create", "persistentvolumes", None), ("delete", "storageclasses.storage.k8s.io", None),
+        ("patch", "resourceclaims.resource.k8s.io", namespace),
+        ("create", "resourceclaimtemplates.resource.k8s.io", namespace),
+        ("create", "resourceslices.resource.k8s.io", None),
+        ("update", "deviceclasses.resource.k8s.io", None),
         ("create", "clusterrolebindings", None), ("delete", "namespaces", None),
     ]  # fmt: skip
     wrong = [a for a in allowed if not _can_i(cp, kubeconfig, *a)]

@@ -113,6 +113,7 @@ async def test_watch_sees_every_kind_created_updated_deleted(
         assert watcher.listed == {
             "Pod", "Node", "Queue", "PodGroup", "PriorityClass", "PodDisruptionBudget",
             "PersistentVolumeClaim", "PersistentVolume", "StorageClass",
+            "DeviceClass", "ResourceSlice", "ResourceClaim",
         }  # fmt: skip
         (node,) = await asyncio.to_thread(make_gpu_nodes, 1, gpus=4)
         queue = f"q-{namespace}"

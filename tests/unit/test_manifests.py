@@ -60,6 +60,16 @@ REQUIRED_CLUSTER_PERMISSIONS: set[tuple[str, str, str]] = {
     },
     ("", "persistentvolumes", "patch"),
     *{("storage.k8s.io", "storageclasses", v) for v in ("get", "list", "watch")},
+    # DRA: read; a claim's status written before its pods are bound, the claim itself
+    # updated only to add the delete-protection finalizer to a claim the scheduler allocates,
+    # and the claim for a pod's DRA-backed extended resources created (deleted on failure).
+    *{
+        ("resource.k8s.io", r, v)
+        for r in ("deviceclasses", "resourceslices", "resourceclaims")
+        for v in ("get", "list", "watch")
+    },
+    *{("resource.k8s.io", "resourceclaims", v) for v in ("create", "update", "delete")},
+    *{("resource.k8s.io", "resourceclaims/status", v) for v in ("update", "patch")},
     # GET /debug/snapshot reviews the caller's token and access (scheduler.debug_snapshot).
     ("authentication.k8s.io", "tokenreviews", "create"),
     ("authorization.k8s.io", "subjectaccessreviews", "create"),
