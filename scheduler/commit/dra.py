@@ -59,7 +59,7 @@ from scheduler.cluster.dra import ClaimAllocation
 from scheduler.cluster.dra_extended import EXTENDED_CLAIM_ANNOTATION
 from scheduler.cluster.draspec import DraSpecError, node_selector_to_k8s, resource_claim_from_k8s
 from scheduler.cluster.pod import Pod
-from scheduler.k8s.errors import Conflict, Forbidden, KubeError, TemporaryError
+from scheduler.k8s.errors import Conflict, Forbidden, Invalid, KubeError, TemporaryError
 from scheduler.k8s.resources import POD, RESOURCE_CLAIM
 from scheduler.k8s.writer import Writer
 from scheduler.solver.placement import GangOutcome, PodAssignment
@@ -95,8 +95,8 @@ FORBIDDEN_RETRY = 60.0
 #: Why they wait meanwhile.
 FORBIDDEN = (
     "the scheduler may not write resourceclaims (grant create, update and delete on "
-    "resourceclaims and update on resourceclaims/status in resource.k8s.io to the scheduler; "
-    "see manifests/20-rbac.yaml)"
+    "resourceclaims and update on resourceclaims/status and resourceclaims/binding in "
+    "resource.k8s.io to the scheduler; see manifests/20-rbac.yaml)"
 )
 _ATTEMPTS = 4
 #: Writes after a 409 before giving up: each 409 means another writer got in first (only
@@ -498,7 +498,9 @@ async def _write_once(
             log.info("claim_conflict", claim=w.key, attempt=conflicts, error=e.message)
             await asyncio.sleep(_RETRY_DELAY * random.random())
             continue
-        except Forbidden as e:
+        except (Forbidden, Invalid) as e:
+            if not _forbidden(e):
+                return f"{what}: {e.message}"
             token = reservations.forbid_writes(FORBIDDEN)
             asyncio.get_running_loop().call_later(FORBIDDEN_RETRY, reservations.allow_writes, token)
             log.error("claim_write_forbidden", claim=w.key, error=e.message)
@@ -745,8 +747,16 @@ async def create_extended_claim(
     return None
 
 
-def _refused(reservations: ClaimReservations, w: ClaimWrite, what: str, e: KubeError) -> str:
+def _forbidden(e: KubeError) -> bool:
+    """A 403, or the 422 with which the API server refuses an allocation or reservedFor
+    written without ``update`` on the ``resourceclaims/binding`` permission check."""
     if isinstance(e, Forbidden):
+        return True
+    return isinstance(e, Invalid) and "resourceclaims/binding" in e.message
+
+
+def _refused(reservations: ClaimReservations, w: ClaimWrite, what: str, e: KubeError) -> str:
+    if _forbidden(e):
         token = reservations.forbid_writes(FORBIDDEN)
         asyncio.get_running_loop().call_later(FORBIDDEN_RETRY, reservations.allow_writes, token)
         log.error("claim_write_forbidden", claim=w.reservation_key, error=e.message)

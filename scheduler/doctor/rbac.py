@@ -88,6 +88,7 @@ CLUSTER_RULES: tuple[Rule, ...] = (
     ),
     Rule(("resource.k8s.io",), ("resourceclaims",), ("create", "update", "delete")),
     Rule(("resource.k8s.io",), ("resourceclaims/status",), ("update", "patch")),
+    Rule(("resource.k8s.io",), ("resourceclaims/binding",), ("update",)),
     # /debug/snapshot checks its caller's token and rights (TokenReview, SubjectAccessReview).
     Rule(("authentication.k8s.io",), ("tokenreviews",), ("create",)),
     Rule(("authorization.k8s.io",), ("subjectaccessreviews",), ("create",)),

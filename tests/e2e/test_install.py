@@ -194,6 +194,7 @@ def _assert_least_privilege(cp: ControlPlane, namespace: str, make_gpu_nodes: Ma
         ("create", "resourceclaims.resource.k8s.io", namespace),
         ("delete", "resourceclaims.resource.k8s.io", namespace),
         ("update", "resourceclaims.resource.k8s.io/status", namespace),
+        ("update", "resourceclaims.resource.k8s.io/binding", namespace),
         ("create", "leases.coordination.k8s.io", NS), ("update", "leases.coordination.k8s.io", NS),
     ]  # fmt: skip
     denied_list = [

@@ -70,6 +70,7 @@ REQUIRED_CLUSTER_PERMISSIONS: set[tuple[str, str, str]] = {
     },
     *{("resource.k8s.io", "resourceclaims", v) for v in ("create", "update", "delete")},
     *{("resource.k8s.io", "resourceclaims/status", v) for v in ("update", "patch")},
+    ("resource.k8s.io", "resourceclaims/binding", "update"),
     # GET /debug/snapshot reviews the caller's token and access (scheduler.debug_snapshot).
     ("authentication.k8s.io", "tokenreviews", "create"),
     ("authorization.k8s.io", "subjectaccessreviews", "create"),
