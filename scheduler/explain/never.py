@@ -108,6 +108,9 @@ class ClusterLimits:
     def __init__(self, free: FreeCapacity) -> None:
         self.free = free
         self._empty: dict[Rules, Counter[Shape]] = {}
+        #: Per set of placement rules: pod slots and devices of the matching nodes, and
+        #: their allocatable totals by resource (filled as resources are asked about).
+        self._totals: dict[Rules, tuple[int | None, int, dict[str, int]]] = {}
 
     def _shapes(self, rules: Rules, m: Matching) -> Counter[Shape]:
         found = self._empty.get(rules)
@@ -127,7 +130,7 @@ class ClusterLimits:
             for p in group:
                 if not any(pod_fits(p, s) for s in shapes):
                     return pod_misfit(p, m)
-            short = self._shortfall(key, group, m, shapes)
+            short = self._shortfall(key, group, m, shapes, rules)
             if short is not None:
                 return (EXCEEDS_CLUSTER, short)
             if not pack_group(group, shapes):
@@ -147,7 +150,7 @@ class ClusterLimits:
         return f"the {nodes} nodes its pods may use"
 
     def _shortfall(
-        self, key: str, group: Sequence[Pod], m: Matching, shapes: Counter[Shape]
+        self, key: str, group: Sequence[Pod], m: Matching, shapes: Counter[Shape], rules: Rules
     ) -> str | None:
         count = len(group)
         totals: Counter[str] = Counter()
@@ -155,11 +158,19 @@ class ClusterLimits:
             for r, v in p.requests.items():
                 if r != GPU:
                     totals[r] += v
+        # What the matching nodes have depends on the rules only: once per set of rules
+        # (asked for every class of gangs left out in a cycle).
+        known = self._totals.get(rules)
+        if known is None:
+            known = self._totals[rules] = (
+                free_pod_slots(m, empty=True),
+                sum(n * len(s.gpu_free) for s, n in shapes.items()),
+                {},
+            )
+        slots, devices, allocatable = known
         need: list[tuple[str, int, int]] = []  # (resource, asked, what the nodes have)
-        slots = free_pod_slots(m, empty=True)
         if slots is not None:
             need.append((PODS, count, slots))
-        devices = sum(n * len(s.gpu_free) for s, n in shapes.items())
         whole = sum(
             p.requests[GPU] if p.gpu is None else p.gpu.count if p.gpu.whole else 0 for p in group
         )
@@ -169,7 +180,10 @@ class ClusterLimits:
                 sizes = [share_milli(p.gpu, s.gpu_memory_mib) for s in shapes]
                 shared += p.gpu.count * min((x for x in sizes if x is not None), default=0)
         for r, v in sorted(totals.items()):
-            need.append((r, v, sum(n * s.allocatable_of(r) for s, n in shapes.items())))
+            total = allocatable.get(r)
+            if total is None:
+                total = allocatable[r] = sum(n * s.allocatable_of(r) for s, n in shapes.items())
+            need.append((r, v, total))
         where = self._where(m)
         holder, has = ("the cluster", "has") if where == "this cluster" else ("they", "have")
         off = ""

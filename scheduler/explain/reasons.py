@@ -322,8 +322,26 @@ def _rename(message: str, first: list[str], names: list[str]) -> str:
     if len(found) == 1:  # the common case: one name, not part of another one in the text
         return message.replace(first[found[0]], names[found[0]])
     mapping = {first[i]: names[i] for i in found}
-    pattern = re.compile("|".join(re.escape(n) for n in sorted(mapping, key=len, reverse=True)))
-    return pattern.sub(lambda m: mapping[m.group(0)], message)
+    ordered = sorted(mapping, key=len, reverse=True)
+    if "" in mapping:  # (never a key in practice; the scan below needs non-empty names)
+        pattern = re.compile("|".join(re.escape(n) for n in ordered))
+        return pattern.sub(lambda m: mapping[m.group(0)], message)
+    # What a regular expression of the names, longest first, would replace (leftmost match;
+    # at one position the longest name), without compiling one per gang class.
+    out: list[str] = []
+    pos = 0
+    while True:
+        at, name = -1, ""
+        for n in ordered:
+            j = message.find(n, pos)
+            if j != -1 and (at == -1 or j < at):
+                at, name = j, n
+        if at == -1:
+            break
+        out += (message[pos:at], mapping[name])
+        pos = at + len(name)
+    out.append(message[pos:])
+    return "".join(out)
 
 
 def explain_unplaced(

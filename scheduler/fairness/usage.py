@@ -101,7 +101,11 @@ def gang_need(snapshot: Snapshot, gang: Gang) -> int:
 
 def gang_request(pods: Iterable[Pod]) -> dict[str, int]:
     """Queue usage of the given pods together."""
-    total = _zeros()
+    # add_usage per pod, written out: asked for every pending gang in every cycle.
+    gpu = cpu = memory = 0
     for p in pods:
-        add_usage(total, pod_queue_usage(p))
-    return total
+        use = pod_queue_usage(p)
+        gpu += use["gpu"]
+        cpu += use["cpu"]
+        memory += use["memory"]
+    return {"gpu": gpu, "cpu": cpu, "memory": memory}  # QUEUE_RESOURCES, in order

@@ -100,16 +100,20 @@ def spread_eligible_nodes(
     ignores them, and whose taints it tolerates when ``nodeTaintsPolicy`` honours them.
     ``nodes``: (name, taints) pairs; ``labels``: each node's labels."""
     out = []
+    # Asked of every node of the cluster: what depends on the pod only is read once, and
+    # the node's labels are copied (to expose its name) only for a pod with node affinity.
+    selector = pod.node_selector if c.honor_affinity else ()
+    terms = pod.own_affinity if c.honor_affinity else ()
+    tolerations = pod.tolerations
     for name, taints in nodes:
         node_labels = labels[name]
         if any(k not in node_labels for k in keys):
             continue
-        if c.honor_affinity and not (
-            node_selector_matches(pod.node_selector, node_labels)
-            and affinity_matches(pod.own_affinity, {**node_labels, "metadata.name": name})
-        ):
+        if selector and not node_selector_matches(selector, node_labels):
             continue
-        if c.honor_taints and not tolerates(pod.tolerations, taints):
+        if terms and not affinity_matches(terms, {**node_labels, "metadata.name": name}):
+            continue
+        if c.honor_taints and not tolerates(tolerations, taints):
             continue
         out.append(name)
     return frozenset(out)

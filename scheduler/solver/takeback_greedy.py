@@ -7,7 +7,8 @@ better or is not run; it is also what every take-back module passes around.
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+import heapq
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -111,29 +112,57 @@ def _node_order(
     GPUs per unit of cost first, and on each node its cheapest units first. Taking the
     cheapest units cluster-wide would free a device here and a device there, and a gang of
     large pods needs whole nodes' worth of room."""
-    on_node: dict[str, list[int]] = defaultdict(list)
+    # One pass over the units gives each node its units, their cost and the devices their
+    # pods hold there (asked per gang, for every node hosting a victim: thousands).
+    on_node: dict[str, list[int]] = {}
+    total: dict[str, int] = {}
+    freed: dict[str, int] = {}
     for i in useful:
-        for n in units[i].nodes:  # not ``& accepting``: no set per unit
-            if n in accepting:
+        u = units[i]
+        c = cost[i]
+        if len(u.pods) == 1:  # most units: one pod, on one node
+            p = u.pods[0]
+            n = p.node_name
+            if n not in accepting:
+                continue
+            here = on_node.get(n)
+            if here is None:
+                on_node[n] = [i]
+                total[n] = c
+                freed[n] = len(p.gpu_grant)
+            else:
+                here.append(i)
+                total[n] += c
+                freed[n] += len(p.gpu_grant)
+            continue
+        for n in u.nodes:  # not ``& accepting``: no set per unit
+            if n not in accepting:
+                continue
+            if n in on_node:
                 on_node[n].append(i)
-
-    def node_key(n: str) -> tuple[float, str]:
-        # Loops rather than sums over generators: asked for every node hosting a victim.
-        freed = 0
-        for f in state.nodes[n].gpu_free:
-            if f >= GPU_MILLI:
-                freed += 1
-        total = 0
-        for i in on_node[n]:
-            total += cost[i]
-            for p in units[i].pods:
+                total[n] += c
+            else:
+                on_node[n] = [i]
+                total[n] = c
+                freed[n] = 0
+            for p in u.pods:
                 if p.node_name == n:
-                    freed += len(p.gpu_grant)
-        return (total / max(1, freed), n)
-
+                    freed[n] += len(p.gpu_grant)
+    keys: list[tuple[float, str]] = []
+    nodes = state.nodes
+    for n in on_node:
+        gained = freed[n]
+        for f in nodes[n].gpu_free:  # and the devices already whole free there
+            if f >= GPU_MILLI:
+                gained += 1
+        keys.append((total[n] / max(1, gained), n))
+    # Usually a few dozen nodes give the units wanted: pop them in order from a heap rather
+    # than sort every node (keys end with the node name: no ties, the same order).
+    heapq.heapify(keys)
     order: list[int] = []
     seen: set[int] = set()
-    for n in sorted(on_node, key=node_key):
+    while keys:
+        n = heapq.heappop(keys)[1]
         for i in sorted(on_node[n], key=lambda i: (cost[i], i)):
             if i not in seen:
                 seen.add(i)
@@ -247,7 +276,8 @@ def greedy_choice(
     best: Choice | None = None
     # Two orders: cheapest units first (best when little room is needed), and node by node
     # (best when the gang needs whole nodes); the cheaper answer wins.
-    cheapest = sorted(useful, key=lambda i: (cost[i], i))[:MAX_GREEDY_UNITS]
+    # (nsmallest is sorted(...)[:k] without sorting every unit.)
+    cheapest = heapq.nsmallest(MAX_GREEDY_UNITS, useful, key=lambda i: (cost[i], i))
     for order in (cheapest, _node_order(useful, units, cost, state, accepting)):
         found = in_order(order)
         if found is not None and (

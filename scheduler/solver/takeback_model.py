@@ -202,60 +202,89 @@ def solve_gang(
                 model.add(e[u.id] + e[whole[0].id] <= 1)
     frees = {**e, **m}
 
-    def freed(u_id: int) -> cp_model.IntVar:
-        return frees[u_id]
-
+    # Rows are written as weighted sums (one call per row rather than an expression object
+    # per term): the model is the same, as CP-SAT stores every linear row merged by variable.
+    weighted = cp_model.LinearExpr.weighted_sum
     for n in chosen_nodes:
         slot = state.nodes[n]
-        here = [u for u in victim_nodes.get(n, ()) if u.id in frees]
+        # What each unit the model may free holds on this node: its variable, resources
+        # and device thousandths.
+        here = [
+            (u.id, frees[u.id], *held[u.id][n])
+            for u in victim_nodes.get(n, ())
+            if u.id in frees and n in held[u.id]
+        ]
         # Each placed demand's requests on this node, looked up once (not once per resource).
         asked = [(state.demand_on(demands[k][1], slot), v) for k, v in per_node[n]]
         resources: set[str] = set(slot.free)
         for d, _ in asked:
             resources |= set(d.requests)  # type: ignore[union-attr]
+        free_now = slot.free
         for r in sorted(resources):
-            load = []
+            # What is placed fits in what is free plus what freed units hold here.
+            xs: list[cp_model.IntVar] = []
+            cs: list[int] = []
             for d, v in asked:
                 need = d.requests.get(r, 0)  # type: ignore[union-attr]
                 if need:
-                    load.append(need * v)
-            if not load:
+                    xs.append(v)
+                    cs.append(need)
+            if not xs:
                 continue
-            credit = [held[u.id][n][0].get(r, 0) * freed(u.id) for u in here if held[u.id].get(n)]
-            model.add(sum(load) <= slot.free.get(r, 0) + sum(credit))
+            for _, var, res, _ in here:
+                amount = res.get(r, 0)
+                if amount:
+                    xs.append(var)
+                    cs.append(-amount)
+            model.add(weighted(xs, cs) <= free_now.get(r, 0))
         # Devices.
-        whole_load = []
-        share_load = []
+        whole_x: list[cp_model.IntVar] = []
+        whole_c: list[int] = []
+        share_x: list[cp_model.IntVar] = []
+        share_c: list[int] = []
         for d, v in asked:
             if d is None or not d.gpu_count:
                 continue
             if d.gpu_milli >= GPU_MILLI:
-                whole_load.append(d.gpu_count * v)
+                whole_x.append(v)
+                whole_c.append(d.gpu_count)
             else:
-                share_load.append(d.gpu_count * d.gpu_milli * v)
-        if not whole_load and not share_load:
+                share_x.append(v)
+                share_c.append(d.gpu_count * d.gpu_milli)
+        if not whole_x and not share_x:
             continue
-        holders: dict[int, list[int]] = defaultdict(list)
-        for u in here:
-            for i in held[u.id].get(n, ({}, {}))[1]:
-                holders[i].append(u.id)
-        device_free: list[cp_model.LinearExprT] = []
-        whole_free: list[cp_model.LinearExprT] = []
+        holders: dict[int, list[tuple[int, cp_model.IntVar, int]]] = defaultdict(list)
+        for uid, var, _, dev in here:
+            for i, milli in dev.items():
+                holders[i].append((uid, var, milli))
+        # Whole devices the gang's pods may take: free ones, and those freed entirely
+        # (``w``: only if every unit holding part of it is freed).
+        ones = 0
+        ws: list[cp_model.IntVar] = []
         for i, free in enumerate(slot.gpu_free):
-            gained = [held[uid][n][1][i] * freed(uid) for uid in holders.get(i, [])]
-            device_free.append(free + sum(gained))
             if free >= GPU_MILLI:
-                whole_free.append(1)
-            elif (
-                holders.get(i) and free + sum(held[uid][n][1][i] for uid in holders[i]) >= GPU_MILLI
-            ):
+                ones += 1
+                continue
+            held_here = holders.get(i)
+            if held_here and free + sum(milli for _, _, milli in held_here) >= GPU_MILLI:
                 w = model.new_bool_var(f"w{n}_{i}")
-                for uid in holders[i]:
-                    model.add(w <= freed(uid))
-                whole_free.append(w)
-        if whole_load:
-            model.add(sum(whole_load) <= sum(whole_free))
-        model.add(sum(share_load) + GPU_MILLI * sum(whole_load) <= sum(device_free))
+                for _, var, _ in held_here:
+                    model.add(w <= var)
+                ws.append(w)
+        if whole_x:
+            model.add(weighted([*whole_x, *ws], [*whole_c, *(-1 for _ in ws)]) <= ones)
+        # Thousandths placed within those free plus those freed (merged per unit).
+        gained: dict[int, int] = {}
+        for held_here in holders.values():
+            for uid, _, milli in held_here:
+                gained[uid] = gained.get(uid, 0) - milli
+        model.add(
+            weighted(
+                [*share_x, *whole_x, *(frees[uid] for uid in gained)],
+                [*share_c, *(GPU_MILLI * c for c in whole_c), *gained.values()],
+            )
+            <= sum(slot.gpu_free)
+        )
     for b in snapshot.budgets:
         covered = set(b.pod_uids)
         terms = [
@@ -272,10 +301,14 @@ def solve_gang(
     for branch, limits in rooms.items():
         members = [u for u in candidates if side.get(u.queue) == branch]
         for r, room in limits:
-            model.add(sum(u.usage.get(r, 0) * e[u.id] for u in members) <= room)
+            if members:
+                taken = weighted([e[u.id] for u in members], [u.usage.get(r, 0) for u in members])
+                model.add(taken <= room)
+            else:
+                model.add(sum(u.usage.get(r, 0) * e[u.id] for u in members) <= room)
     if m:
         model.add(sum(len(u.pods) * m[u.id] for u in movable) <= move_cap)
-    model.minimize(sum(cost[uid] * var for uid, var in frees.items()))
+    model.minimize(weighted(list(frees.values()), [cost[uid] for uid in frees]))
     if hint is not None and set(hint.evict) <= set(e):  # else the model could not express it
         for uid, var in e.items():
             model.add_hint(var, 1 if uid in hint.evict else 0)

@@ -16,10 +16,11 @@ from __future__ import annotations
 import weakref
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import networkx as nx
 
-from scheduler.cluster.node import GPU_MILLI
+from scheduler.cluster.node import GPU_MILLI, Node
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.queue import QUEUE_RESOURCES, UNLIMITED, QueueTree, pod_queue_usage
 from scheduler.cluster.resources import GPU, PODS
@@ -46,6 +47,45 @@ def _expected_grant(pod: Pod, node_gpu_memory: int | None) -> tuple[int, int] | 
     return 0, 0
 
 
+@dataclass
+class _Totals:
+    """What the assignments of one call add up to (see :func:`validate`)."""
+
+    #: Free state of the nodes the assignments touch, before them (bound pods, evictions).
+    used: dict[str, dict[str, int]]
+    gpu_free: dict[str, list[int]]
+    pod_count: dict[str, int]
+    #: What the assignments add per node, per device and per gang (first-seen order).
+    added: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
+    added_pods: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    device_take: dict[tuple[str, int], int] = field(default_factory=lambda: defaultdict(int))
+    per_gang: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    seen: set[str] = field(default_factory=set)
+    placed: list[tuple[Pod, PodAssignment]] = field(default_factory=list)
+    #: Queue usage the placed pods add, per leaf queue (and its non-preemptible part).
+    new_by_leaf: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(_zeros))
+    new_np: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(_zeros))
+    #: Some placed pod has or asks for ResourceClaims.
+    claims: bool = False
+
+
+@dataclass
+class _Passed:
+    """The last call that passed without evictions: its snapshot, assignments and totals."""
+
+    snapshot: weakref.ref[Snapshot]
+    assignments: Sequence[PodAssignment]
+    totals: _Totals
+
+
+#: See ``checked`` in :func:`validate`.
+_last_passed: _Passed | None = None
+
+
+def _zeros() -> dict[str, int]:
+    return dict.fromkeys(QUEUE_RESOURCES, 0)
+
+
 def validate(
     snapshot: Snapshot,
     assignments: Sequence[PodAssignment],
@@ -60,8 +100,22 @@ def validate(
 
     ``checked``: the first ``checked`` assignments already passed this function on the same
     snapshot (without ``evicted``; evicting only frees room). Their per-pod rules are not
-    checked again; they still count for node, device, gang and queue totals.
+    checked again; they still count for node, device, gang and queue totals. When they are
+    the very assignments of the last call that passed (the solver validates its placement,
+    then the same list extended by taking back), that call's totals are reused and only the
+    nodes, devices, gangs and queues that the other assignments or the evictions change are
+    checked again: the rest passed, and evicting only frees room.
     """
+    global _last_passed
+    last = _last_passed
+    if (
+        checked
+        and last is not None
+        and last.snapshot() is snapshot
+        and len(last.assignments) == checked <= len(assignments)
+        and all(a is b for a, b in zip(last.assignments, assignments, strict=False))
+    ):
+        return _validate_more(snapshot, last.totals, assignments, checked, evicted)
     out: list[str] = []
     pods = snapshot.pod_by_uid
     nodes = snapshot.node_by_name
@@ -69,11 +123,106 @@ def validate(
     # sub-snapshot, so a 5,000-node cycle does not pay for nodes it leaves alone.
     touched = {a.node for a in assignments if a.node in nodes}
     used, gpu_free, pod_count, _ = bound_usage(snapshot, touched)
+    _evict(pods, evicted, touched, used, gpu_free, pod_count)
+    totals = _Totals(used, gpu_free, pod_count)
+    _count(snapshot, assignments, checked, totals, out)
+    _check_nodes(nodes, totals, totals.added, totals.device_take, out)
+    _check_gangs(snapshot, totals.per_gang, evicted, out)
+    _leaf_usage(snapshot, totals.placed, totals, out)
+    out.extend(_queue_violations(snapshot, totals.new_by_leaf, totals.new_np, evicted))
+    out.extend(topology_violations(snapshot, assignments, evicted=evicted, checked=checked))
+    if snapshot.dra is not None or totals.claims:
+        # Imported here: it loads the CEL library, which clusters without claims never need.
+        from scheduler.solver.validate_dra import dra_violations
+
+        out.extend(dra_violations(snapshot.dra, assignments, pods, nodes))
+    if not out and not evicted:
+        _last_passed = _Passed(weakref.ref(snapshot), assignments, totals)
+    return out
+
+
+def _validate_more(
+    snapshot: Snapshot,
+    before: _Totals,
+    assignments: Sequence[PodAssignment],
+    checked: int,
+    evicted: Collection[str],
+) -> list[str]:
+    """:func:`validate` of ``assignments`` whose first ``checked`` are those of ``before``
+    (a call that passed, without evictions)."""
+    out: list[str] = []
+    pods = snapshot.pod_by_uid
+    nodes = snapshot.node_by_name
+    more = assignments[checked:]
+    # The new assignments are counted on their own, then merged with what passed (copies:
+    # ``before`` stays as it was) only where they land.
+    mine = {a.node for a in more if a.node in nodes}
+    fresh = mine - before.used.keys()
+    used, gpu_free, pod_count, _ = bound_usage(snapshot, fresh)
+    for n in mine - fresh:
+        used[n] = dict(before.used[n])
+        gpu_free[n] = list(before.gpu_free[n])
+        pod_count[n] = before.pod_count[n]
+    _evict(pods, evicted, mine, used, gpu_free, pod_count)
+    extra = _Totals(used, gpu_free, pod_count, seen=set(before.seen))
+    _count(snapshot, more, 0, extra, out)
+    # Node and device totals, in the order a full pass would meet them.
+    added: dict[str, dict[str, int]] = {}
+    for n in (*(n for n in before.added if n in mine), *extra.added):
+        if n in added:
+            continue
+        row = dict(before.added.get(n, {}))
+        for r, v in extra.added.get(n, {}).items():
+            row[r] = row.get(r, 0) + v
+        added[n] = row
+        extra.added_pods[n] += before.added_pods.get(n, 0)
+    device_take: dict[tuple[str, int], int] = {}
+    for key in (*(k for k in before.device_take if k[0] in mine), *extra.device_take):
+        if key not in device_take:
+            device_take[key] = before.device_take.get(key, 0) + extra.device_take.get(key, 0)
+    _check_nodes(nodes, extra, added, device_take, out)
+    # Gangs: those with new pods, and those whose running pods are evicted.
+    hit = {p.gang for uid in evicted if (p := pods.get(uid)) is not None}
+    per_gang: dict[str, int] = {}
+    for g in (*(g for g in before.per_gang if g in hit or g in extra.per_gang), *extra.per_gang):
+        if g not in per_gang:
+            per_gang[g] = before.per_gang.get(g, 0) + extra.per_gang.get(g, 0)
+    _check_gangs(snapshot, per_gang, evicted, out)
+    extra.new_by_leaf = _merged(before.new_by_leaf)
+    extra.new_np = _merged(before.new_np)
+    _leaf_usage(snapshot, extra.placed, extra, out)
+    out.extend(_queue_violations(snapshot, extra.new_by_leaf, extra.new_np, evicted))
+    out.extend(topology_violations(snapshot, assignments, evicted=evicted, checked=checked))
+    if snapshot.dra is not None or before.claims or extra.claims:
+        from scheduler.solver.validate_dra import dra_violations
+
+        out.extend(dra_violations(snapshot.dra, assignments, pods, nodes))
+    return out
+
+
+def _merged(rows: Mapping[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = defaultdict(_zeros)
+    for k, row in rows.items():
+        out[k] = dict(row)
+    return out
+
+
+def _evict(
+    pods: Mapping[str, Pod],
+    evicted: Collection[str],
+    touched: Collection[str],
+    used: dict[str, dict[str, int]],
+    gpu_free: dict[str, list[int]],
+    pod_count: dict[str, int],
+) -> None:
+    """Free what the evicted pods on ``touched`` nodes hold."""
     for uid in evicted:
         victim = pods.get(uid)
-        if victim is None or victim.node_name not in touched or not victim.active:
+        if victim is None or victim.node_name is None or not victim.active:
             continue
         name = victim.node_name
+        if name not in touched:
+            continue
         for r, v in victim.requests.items():
             used[name][r] = used[name].get(r, 0) - v
         pod_count[name] -= 1
@@ -81,12 +230,21 @@ def validate(
             if 0 <= i < len(gpu_free[name]):
                 gpu_free[name][i] += milli
 
-    added: dict[str, dict[str, int]] = defaultdict(dict)
-    added_pods: dict[str, int] = defaultdict(int)
-    device_take: dict[tuple[str, int], int] = defaultdict(int)
-    per_gang: dict[str, int] = defaultdict(int)
-    seen: set[str] = set()
-    placed: list[tuple[Pod, PodAssignment]] = []
+
+def _count(
+    snapshot: Snapshot,
+    assignments: Sequence[PodAssignment],
+    checked: int,
+    totals: _Totals,
+    out: list[str],
+) -> None:
+    """The per-pod rules of each assignment (not of the first ``checked``), and what it adds
+    to ``totals``."""
+    pods = snapshot.pod_by_uid
+    nodes = snapshot.node_by_name
+    added, added_pods, device_take = totals.added, totals.added_pods, totals.device_take
+    per_gang, seen, placed = totals.per_gang, totals.seen, totals.placed
+    start = len(placed)
     accepts: dict[tuple[object, ...], bool] = {}
     for k, a in enumerate(assignments):
         pod = pods.get(a.pod_uid)
@@ -164,6 +322,22 @@ def validate(
         per_gang[pod.gang] += 1
         placed.append((pod, a))
 
+    totals.claims = totals.claims or any(
+        (p.resource_claims and p.pending) or a.claims for p, a in placed[start:]
+    )
+
+
+def _check_nodes(
+    nodes: Mapping[str, Node],
+    free: _Totals,
+    added: Mapping[str, Mapping[str, int]],
+    device_take: Mapping[tuple[str, int], int],
+    out: list[str],
+) -> None:
+    """Every resource of every node in ``added``, and every device in ``device_take``, within
+    what is free (``free``'s rows)."""
+    used, gpu_free, pod_count = free.used, free.gpu_free, free.pod_count
+    added_pods = free.added_pods
     for name, extra in added.items():
         have = used[name]
         alloc = nodes[name].allocatable
@@ -173,10 +347,15 @@ def validate(
         if alloc[PODS] > 0 and pod_count[name] + added_pods[name] > alloc[PODS]:
             out.append(f"node {name}: more pods than allocatable pods ({alloc[PODS]})")
     for (name, i), milli in device_take.items():
-        free = gpu_free[name]
-        if 0 <= i < len(free) and milli > free[i]:
-            out.append(f"node {name}: device {i} over capacity ({milli} > {free[i]} free)")
+        devices = gpu_free[name]
+        if 0 <= i < len(devices) and milli > devices[i]:
+            out.append(f"node {name}: device {i} over capacity ({milli} > {devices[i]} free)")
 
+
+def _check_gangs(
+    snapshot: Snapshot, per_gang: Mapping[str, int], evicted: Collection[str], out: list[str]
+) -> None:
+    """Each gang of ``per_gang`` (pods placed) gets at least what it needs (all or none)."""
     gangs = snapshot.gang_by_key
     for key, count in per_gang.items():
         gang = gangs.get(key)
@@ -192,32 +371,19 @@ def validate(
         if count < need:
             out.append(f"gang {key}: {count} pods placed, needs at least {need} (all or none)")
 
-    out.extend(_queue_violations(snapshot, placed, evicted))
-    out.extend(topology_violations(snapshot, assignments, evicted=evicted, checked=checked))
-    if snapshot.dra is not None or any(
-        (p.resource_claims and p.pending) or a.claims for p, a in placed
-    ):
-        # Imported here: it loads the CEL library, which clusters without claims never need.
-        from scheduler.solver.validate_dra import dra_violations
-
-        out.extend(dra_violations(snapshot.dra, assignments, pods, nodes))
-    return out
-
 
 def _queue_of(snapshot: Snapshot, pod: Pod) -> str:
     gang = snapshot.gang_by_key.get(pod.gang)
     return gang.queue if gang is not None else pod.queue
 
 
-def _queue_violations(
-    snapshot: Snapshot, placed: list[tuple[Pod, PodAssignment]], evicted: Collection[str]
-) -> list[str]:
+def _leaf_usage(
+    snapshot: Snapshot, placed: list[tuple[Pod, PodAssignment]], totals: _Totals, out: list[str]
+) -> None:
+    """Add what ``placed`` pods use to their leaf queues in ``totals``; a pod whose queue is
+    not a usable leaf is a violation."""
     tree = snapshot.queue_tree
-    # Only queues with a limit or quota on the way up from a queue that received pods need
-    # their current usage; only leaves below those matter.
-    new_by_leaf: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
-    new_np: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(QUEUE_RESOURCES, 0))
-    out: list[str] = []
+    new_by_leaf, new_np = totals.new_by_leaf, totals.new_np
     usable: dict[str, bool] = {}  # per queue: exists, valid and a leaf
     gangs = snapshot.gang_by_key
     for pod, a in placed:
@@ -238,6 +404,20 @@ def _queue_violations(
         if gang is not None and not gang.preemptible:
             for r, v in use.items():
                 new_np[queue][r] += v
+
+
+def _queue_violations(
+    snapshot: Snapshot,
+    new_by_leaf: Mapping[str, Mapping[str, int]],
+    new_np: Mapping[str, Mapping[str, int]],
+    evicted: Collection[str],
+) -> list[str]:
+    """Queue limits at every level, and quotas for non-preemptible work, with the usage
+    ``new_by_leaf`` (``new_np``: its non-preemptible part) placed and ``evicted`` gone."""
+    tree = snapshot.queue_tree
+    # Only queues with a limit or quota on the way up from a queue that received pods need
+    # their current usage; only leaves below those matter.
+    out: list[str] = []
     bounded: set[str] = set()
     for queue in new_by_leaf:
         for q in tree.ancestors(queue):

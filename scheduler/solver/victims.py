@@ -75,16 +75,13 @@ class Unit:
     def work(self, now: float) -> int:
         """GPU-seconds (GPU tenths x seconds) of this unit, restart included; CPU-only units
         count CPU cores instead, so they are comparable within their kind."""
-        # Asked for every unit, for every gang of a cycle, at one ``now``: remember the last.
-        last = self.__dict__.get("_work")
-        if last is not None and last[0] == now:
-            return int(last[1])
+        # Asked once per unit and cycle (:func:`.takeback_model.unit_costs` keeps the costs
+        # for every gang of the cycle): computed, not remembered.
         seconds = max(0.0, now - self.started) + RESTART_SECONDS
-        gpu_tenths = self.usage.get("gpu", 0) // 100
-        amount = gpu_tenths if gpu_tenths > 0 else max(1, self.usage.get("cpu", 0) // 1000)
-        value = int(amount * seconds)
-        self.__dict__["_work"] = (now, value)
-        return value
+        usage = self.usage
+        gpu_tenths = usage.get("gpu", 0) // 100
+        amount = gpu_tenths if gpu_tenths > 0 else max(1, usage.get("cpu", 0) // 1000)
+        return int(amount * seconds)
 
 
 def dominant(ask: Mapping[str, int]) -> tuple[str, ...]:
@@ -108,6 +105,7 @@ def build_units(snapshot: Snapshot) -> list[Unit]:
             running[p.gang].append(p)
     units: list[Unit] = []
     gangs = snapshot.gang_by_key
+    new_unit, set_field = object.__new__, object.__setattr__
     for key in sorted(running):
         gang = gangs.get(key)
         if gang is None or not gang.preemptible:
@@ -115,6 +113,26 @@ def build_units(snapshot: Snapshot) -> list[Unit]:
         if key in deleting:
             continue  # already being taken down: its space is on its way back
         pods = running[key]
+        if len(pods) == 1 and gang.min_member >= 1:
+            # Most units of a cluster: a one-pod gang, no shrink unit. Built here as _unit
+            # would (same fields), without its lists and copies: a cycle builds one per
+            # running gang, tens of thousands.
+            first = pods[0]
+            unit = new_unit(Unit)
+            fields = {
+                "id": len(units),
+                "gang": gang.key,
+                "queue": gang.queue,
+                "priority": gang.priority,
+                "pods": (first,),
+                "whole": True,
+                "started": first.started,
+                "usage": pod_queue_usage(first),  # a dict of its own (see pod_queue_usage)
+                "nodes": frozenset((first.node_name,)),
+            }
+            set_field(unit, "__dict__", fields)
+            units.append(unit)
+            continue
         if len(pods) > 1:
             pods.sort(key=lambda p: (p.started, p.uid))
         # Each pod's usage once: it counts in its gang's unit and in its own shrink unit.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from scheduler.bench.synthetic import make_gang, make_node, make_pod, make_queue
 from scheduler.cluster import Gang, Pod, Snapshot, Taint
 from scheduler.solver import PodAssignment, validate
@@ -109,3 +111,25 @@ def test_checked_prefix_is_counted_not_checked_again() -> None:
     assert any("cordoned" in v for v in validate(s, late, checked=1))
     twice = [assign("g-0", "n0", ((0, 1000),)), assign("g-0", "n0", ((1, 1000),))]
     assert any("placed twice" in v for v in validate(s, twice, checked=1))
+
+
+def test_extending_a_passed_placement_checks_what_the_extension_changes() -> None:
+    """The second call of a cycle (``checked``: the first call's list, extended) reuses the
+    first call's totals; it still sees what the new assignments break on nodes, devices,
+    gangs and queues the first ones touched."""
+    s = snap(make_gang("g", 1, queue="a", gpus=1), make_gang("h", 2, queue="a", gpus=1))
+    first = [assign("g-0", "n0", ((0, 1000),))]
+    assert validate(s, first) == []
+    # h-0 on g-0's device, h-1 missing: device over capacity and a partial gang.
+    got = validate(s, [*first, assign("h-0", "n0", ((0, 1000),))], checked=1)
+    assert any("device 0 over capacity" in v for v in got)
+    assert any("gang default/h: 1 pods placed" in v for v in got)
+    # A pod of the first list placed again is caught too.
+    assert any("placed twice" in v for v in validate(s, [*first, first[0]], checked=1))
+    # Queue a's limit is 2 GPUs: three placed together exceed it.
+    more = [assign("h-0", "n0", ((1, 1000),)), assign("h-1", "tainted", ((0, 1000),))]
+    got = validate(s, [*first, *more], checked=1)
+    assert any("queue a: gpu limit exceeded" in v for v in got)
+    # The same answers as the full pass (copies of the first list: not the passed call's).
+    copies = [replace(a) for a in first]
+    assert got == validate(s, [*copies, *more], checked=1)
