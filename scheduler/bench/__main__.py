@@ -11,6 +11,7 @@ from collections.abc import Sequence
 #: Modules are imported lazily so one benchmark's dependencies never break another.
 BENCHMARKS = {
     "solver": "scheduler.bench.solver",
+    "dra": "scheduler.bench.dra",
     "openb": "scheduler.bench.openb",
     "e2e": "scheduler.bench.e2e",
     "cache": "scheduler.bench.cache",

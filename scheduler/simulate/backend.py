@@ -20,6 +20,11 @@ Taking back (a placement's ``evictions`` and ``waits_for``), as the live commit 
   they are bound.
 
 Bound pods get ``start_time`` = the simulated bind time.
+
+ResourceClaims (scenarios with DRA objects): the claims live in
+:class:`~scheduler.simulate.claims.SimulatedClaims`; a bound (or nominated) pod's grants are
+written into them, so later cycles see those devices taken, and a pod that ends frees them.
+A gang whose grants no longer fit the claims is not bound (``BindFailed``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -39,7 +45,13 @@ from scheduler.cluster.snapshot import Snapshot
 from scheduler.cycle import CommitResult
 from scheduler.fairness import FairShareReport
 from scheduler.simulate.records import EvictionRecord, GangRecord, Nomination, PodRecord
+from scheduler.simulate.workload import ClaimRef
 from scheduler.solver.placement import Eviction, Placement, PodAssignment
+
+if TYPE_CHECKING:  # the DRA types pull in the CEL library: only scenarios with claims need it
+    from scheduler.cluster.dra import ResourceClaim
+    from scheduler.cluster.draview import DraView
+    from scheduler.simulate.claims import SimulatedClaims
 
 __all__ = [
     "EVICTED",
@@ -63,7 +75,13 @@ class SimulatedCluster:
     """In-memory cluster state behind the :class:`scheduler.cycle.Backend` protocol."""
 
     def __init__(
-        self, nodes: Sequence[Node], queues: Sequence[Queue], *, termination_grace: float = 0.0
+        self,
+        nodes: Sequence[Node],
+        queues: Sequence[Queue],
+        *,
+        termination_grace: float = 0.0,
+        dra: DraView | None = None,
+        claim_templates: Iterable[ResourceClaim] = (),
     ) -> None:
         if termination_grace < 0:
             raise ValueError(f"termination grace {termination_grace} must be >= 0")
@@ -84,6 +102,13 @@ class SimulatedCluster:
         self.restoring = RestoringGangs()
         #: True when something changed since the last cycle (arrival, completion, bind).
         self.dirty = True
+        templates = tuple(claim_templates)
+        #: DeviceClasses, ResourceSlices and ResourceClaims (None: the cluster has none).
+        self.claims: SimulatedClaims | None = None
+        if dra is not None or templates:
+            from scheduler.simulate.claims import SimulatedClaims
+
+            self.claims = SimulatedClaims(dra, templates)
 
     # --- feeding the cluster -----------------------------------------------------------------
 
@@ -94,12 +119,17 @@ class SimulatedCluster:
         *,
         duration: float | None = None,
         grace: float | None = None,
+        claims: Sequence[ClaimRef] = (),
     ) -> None:
         """Create pods (and their gangs, if new) at the current time.
 
         A pod that comes bound (a scenario's already running job) runs from its
-        ``start_time``: it finishes at ``start_time + duration``.
+        ``start_time``: it finishes at ``start_time + duration``. ``claims``: every pod's
+        ``spec.resourceClaims`` entries (the claims must exist, see
+        :meth:`SimulatedClaims.add_pod <scheduler.simulate.claims.SimulatedClaims.add_pod>`).
         """
+        if claims and self.claims is None:
+            raise ValueError("pods use ResourceClaims but the cluster has no DRA objects")
         for gang in gangs:
             if gang.key not in self.gangs:
                 self.gangs[gang.key] = GangRecord(gang, self.now)
@@ -126,6 +156,8 @@ class SimulatedCluster:
                         record, attr, pod.start_time if held is None else min(held, pod.start_time)
                     )
             self.pods[pod.uid] = pod_record
+            if claims and self.claims is not None:
+                self.claims.add_pod(pod_record.pod, claims)
             if pod_record.pod.active:
                 self._live[pod.uid] = pod_record
             record.pod_uids.append(pod.uid)
@@ -150,6 +182,7 @@ class SimulatedCluster:
                 done.append(record)
         for record in done:
             del self._live[record.pod.uid]
+            self._release_claims(record.pod)
         if done:
             self.dirty = True
         self._settle()
@@ -161,7 +194,12 @@ class SimulatedCluster:
         if record is not None:
             record.pod = replace(record.pod, phase=PodPhase.FAILED)
             record.finished_at = self.now
+            self._release_claims(record.pod)
             self.dirty = True
+
+    def _release_claims(self, pod: Pod) -> None:
+        if self.claims is not None:
+            self.claims.release(pod)
 
     def _ends(self) -> list[float]:
         """When running pods complete and evicted pods leave."""
@@ -198,6 +236,9 @@ class SimulatedCluster:
         pods = tuple(self.active_pods())
         live = {p.gang for p in pods}
         gangs = tuple(r.gang for key, r in self.gangs.items() if key in live)
+        dra = None
+        if self.claims is not None:
+            dra = self.claims.view(p for p in pods if p.pending)
         return Snapshot(
             nodes=self.nodes,
             pods=pods,
@@ -205,6 +246,7 @@ class SimulatedCluster:
             queues=self.queues,
             now=self.now,
             restoring=self.restoring.current(self.now) & live,
+            dra=dra,
         )
 
     def queue_gpu(self) -> dict[str, tuple[int, int]]:
@@ -310,6 +352,8 @@ class SimulatedCluster:
                 return f"pod {a.pod_key} is not pending any more"
             if a.node not in self._node_names:
                 return f"node {a.node} does not exist"
+        if self.claims is not None:
+            return self.claims.problem(assignments)
         return ""
 
     def _victims_problem(self, victims: Sequence[str]) -> str:
@@ -339,6 +383,8 @@ class SimulatedCluster:
                 nominated=False,
             )
             pod_record.bound_at = self.now
+            if self.claims is not None and a.claims:
+                self.claims.bind(pod_record.pod, a.claims)
         if record.placed_at is None:
             record.placed_at = self.now
         if record.first_placed_at is None:
@@ -354,6 +400,8 @@ class SimulatedCluster:
             pod_record.pod = replace(
                 pod_record.pod, node_name=a.node, gpu_grant=a.gpu_grant, nominated=True
             )
+            if self.claims is not None and a.claims:  # the devices are held from now on
+                self.claims.bind(pod_record.pod, a.claims)
         self.nominations[nomination.gang] = nomination
         waiting = sum(1 for uid in nomination.victims if uid in self._live)
         self.gangs[nomination.gang].last_reason = (
@@ -433,6 +481,7 @@ class SimulatedCluster:
         record.finished_at = record.leaves_at
         record.pod = replace(record.pod, phase=PodPhase.FAILED)
         self._live.pop(record.pod.uid, None)
+        self._release_claims(record.pod)
         if record.replaced_by is None:
             self._replace(record)
         self.dirty = True
@@ -471,6 +520,8 @@ class SimulatedCluster:
         record.replaced_by = pod.uid
         self.pods[pod.uid] = new
         self._live[pod.uid] = new
+        if self.claims is not None:
+            self.claims.replaced(old, pod)
         gang = self.gangs.get(pod.gang)
         if gang is not None:
             gang.pod_uids.append(pod.uid)

@@ -89,7 +89,11 @@ async def simulate_async(
     settings = scenario.settings
     period = settings.cycle_period
     cluster = SimulatedCluster(
-        scenario.nodes, scenario.queues, termination_grace=settings.termination_grace
+        scenario.nodes,
+        scenario.queues,
+        termination_grace=settings.termination_grace,
+        dra=scenario.dra,
+        claim_templates=scenario.claim_templates,
     )
     arrivals = sorted(scenario.jobs, key=lambda j: j.at)
     next_job = 0
@@ -109,7 +113,9 @@ async def simulate_async(
         cluster.advance(t)
         while next_job < len(arrivals) and arrivals[next_job].at <= t + 1e-9:
             job = arrivals[next_job]
-            cluster.add_pods(job.pods, job.gangs, duration=job.duration, grace=job.grace)
+            cluster.add_pods(
+                job.pods, job.gangs, duration=job.duration, grace=job.grace, claims=job.claims
+            )
             next_job += 1
         report: CycleReport | None = None
         if cluster.dirty and cluster.pending_gangs():

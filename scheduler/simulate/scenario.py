@@ -30,8 +30,9 @@ A scenario reads like the Kubernetes objects a KAI user already writes::
           template: {metadata: {annotations: {...}}, spec: {containers: [...]}}
           # or the shorthand ``resources: {nvidia.com/gpu: 2, cpu: 4}`` for one container
     deviceClasses: [...]         # optional DRA objects (resource.k8s.io/v1), see
-    resourceSlices: [...]        # :mod:`scheduler.simulate.scenario_dra`
-    resourceClaims: [...]
+    resourceSlices: [...]        # :mod:`scheduler.simulate.scenario_dra`; pod templates
+    resourceClaims: [...]        # use them in spec.resourceClaims
+    resourceClaimTemplates: [...]
 
 Every problem raises :class:`ScenarioError` naming the field path (``jobs[2].pods.count``) and
 what to change; nothing here returns half-checked data.
@@ -67,6 +68,7 @@ from scheduler.simulate.workload import JobArrival, parse_jobs, pod_groups, prio
 from scheduler.solver.placement import PlacementSettings, Strategy
 
 if TYPE_CHECKING:  # DRA types pull in the CEL library: imported only for scenarios with devices
+    from scheduler.cluster.dra import ResourceClaim
     from scheduler.cluster.draview import DraView
 
 __all__ = [
@@ -90,8 +92,8 @@ _SOLVERS = ("cpsat", "greedy")
 _SCORINGS = ("packing", "fragmentation")
 _TOP_FIELDS = ("apiVersion", "kind", "name", "description", "settings", "nodes", "queues",
                "priorityClasses", "podGroups", "jobs", "deviceClasses", "resourceSlices",
-               "resourceClaims")  # fmt: skip
-_DRA_FIELDS = ("deviceClasses", "resourceSlices", "resourceClaims")
+               "resourceClaims", "resourceClaimTemplates")  # fmt: skip
+_DRA_FIELDS = ("deviceClasses", "resourceSlices", "resourceClaims", "resourceClaimTemplates")
 _NODE_FIELDS = ("name", "count", "gpus", "cpu", "memory", "pods", "gpuMemory", "labels", "taints",
                 "unschedulable")  # fmt: skip
 
@@ -122,6 +124,8 @@ class Scenario:
     jobs: tuple[JobArrival, ...]
     #: DeviceClasses, ResourceSlices and ResourceClaims; None when the scenario has none.
     dra: DraView | None = None
+    #: ResourceClaimTemplates, as claims named like the templates.
+    claim_templates: tuple[ResourceClaim, ...] = ()
 
     @property
     def last_arrival(self) -> float:
@@ -322,11 +326,19 @@ def parse_scenario(data: Any, *, default_name: str = "scenario") -> Scenario:
     )
     jobs = grant_running(jobs, nodes)
     dra = None
-    if any(root.get(f) is not None for f in _DRA_FIELDS):
-        from scheduler.simulate.scenario_dra import parse_dra
+    templates: list[ResourceClaim] = []
+    if any(root.get(f) is not None for f in _DRA_FIELDS) or any(j.claims for j in jobs):
+        from scheduler.simulate.scenario_dra import (
+            check_job_claims,
+            parse_claim_templates,
+            parse_dra,
+        )
 
         dra = parse_dra(root, {n.name for n in nodes})
-    return Scenario(str(root.get("name") or default_name), settings, nodes, queues, jobs, dra)
+        templates = parse_claim_templates(root, dra)
+        check_job_claims(jobs, dra, templates)
+    name = str(root.get("name") or default_name)
+    return Scenario(name, settings, nodes, queues, jobs, dra, tuple(templates))
 
 
 def load_scenario(path: str | Path) -> Scenario:

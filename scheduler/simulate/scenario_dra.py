@@ -12,6 +12,16 @@ written as the ``resource.k8s.io/v1`` objects a driver and a user would create::
       - metadata: {name: two-gpus, namespace: team-a}
         spec: {devices: {requests: [{name: g, exactly: {deviceClassName: gpu.example.com,
                                                         count: 2}}]}}
+    resourceClaimTemplates:
+      - metadata: {name: one-gpu, namespace: team-a}
+        spec: {spec: {devices: {requests: [{name: g,
+                                            exactly: {deviceClassName: gpu.example.com}}]}}}
+
+Jobs use them as pods do, in their template's ``spec.resourceClaims`` (``resourceClaimName``:
+a claim above, shared by every pod naming it; ``resourceClaimTemplateName``: a claim per pod
+made from the template). :func:`check_job_claims` checks that what they name exists in the
+job's namespace; a job already ``running`` may name only claims whose ``status.allocation``
+is given (nothing would have allocated a template's claim before the start).
 
 Checked beyond what the parsers check: names are unique, a slice's ``nodeName`` is a node of
 the scenario, every ``deviceClassName`` is a declared class, and every CEL selector compiles.
@@ -21,7 +31,7 @@ Errors raise :class:`~scheduler.simulate.fields.ScenarioError` naming the field,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 from scheduler.cluster.dra import DeviceClass, ResourceClaim, ResourceSlice
@@ -34,11 +44,12 @@ from scheduler.cluster.draspec import (
 )
 from scheduler.cluster.draview import DraView
 from scheduler.simulate.fields import ScenarioError, read_list, read_mapping
+from scheduler.simulate.workload import JobArrival
 
-__all__ = ["DRA_FIELDS", "parse_dra"]
+__all__ = ["DRA_FIELDS", "check_job_claims", "parse_claim_templates", "parse_dra"]
 
 #: The scenario's top-level fields this module reads.
-DRA_FIELDS = ("deviceClasses", "resourceSlices", "resourceClaims")
+DRA_FIELDS = ("deviceClasses", "resourceSlices", "resourceClaims", "resourceClaimTemplates")
 #: Scenarios declare devices one by one; this guards against a runaway generator.
 MAX_DEVICES = 1_000_000
 
@@ -130,3 +141,71 @@ def parse_dra(root: Mapping[str, Any], node_names: Collection[str]) -> DraView |
     for i, (claim, raw) in enumerate(zip(claims, raw_claims, strict=True)):
         _check_claim(claim, raw, f"resourceClaims[{i}]", names)
     return DraView.build(classes, slices, claims)
+
+
+def _template_claim(obj: Mapping[str, Any]) -> ResourceClaim:
+    """A ResourceClaimTemplate as the claim it makes, named like the template."""
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        raise DraSpecError("spec", "expected an object with the claim's spec under spec.spec")
+    inner = {"metadata": obj.get("metadata"), "spec": spec.get("spec")}
+    try:
+        return resource_claim_from_k8s(inner)
+    except DraSpecError as e:
+        # The claim's fields sit under spec.spec in a template.
+        where = f"spec.{e.field}" if e.field.startswith("spec") else e.field
+        raise DraSpecError(where, e.message) from e
+
+
+def parse_claim_templates(root: Mapping[str, Any], view: DraView | None) -> list[ResourceClaim]:
+    """The scenario's ``resourceClaimTemplates`` as claims named like the templates."""
+    raw = read_list(root.get("resourceClaimTemplates"), "resourceClaimTemplates")
+    templates = _objects(raw, "resourceClaimTemplates", _template_claim)
+    _unique([t.key for t in templates], "resourceClaimTemplates", "ResourceClaimTemplate")
+    names = {c.name for c in view.classes} if view is not None else set()
+    for i, (template, obj) in enumerate(zip(templates, raw, strict=True)):
+        spec = obj.get("spec") if isinstance(obj, Mapping) else None
+        inner = {"spec": spec.get("spec")} if isinstance(spec, Mapping) else {}
+        _check_claim(template, inner, f"resourceClaimTemplates[{i}].spec", names)
+    return templates
+
+
+def check_job_claims(
+    jobs: Sequence[JobArrival], view: DraView | None, templates: Sequence[ResourceClaim]
+) -> None:
+    """Every claim and template a job's pods name exists in the job's namespace; a running
+    job names only allocated claims."""
+    claims = {c.key: c for c in view.claims} if view is not None else {}
+    template_keys = {t.key for t in templates}
+    for i, job in enumerate(jobs):
+        if not job.claims:
+            continue
+        namespace = job.pods[0].namespace
+        for k, ref in enumerate(job.claims):
+            path = f"jobs[{i}].pods.template.spec.resourceClaims[{k}]"
+            key = f"{namespace}/{ref.target}"
+            if ref.template:
+                if key not in template_keys:
+                    raise ScenarioError(
+                        f"{path}.resourceClaimTemplateName",
+                        f"no ResourceClaimTemplate {key}; add it to resourceClaimTemplates",
+                    )
+                if job.running:
+                    raise ScenarioError(
+                        f"{path}.resourceClaimTemplateName",
+                        "a job running from the start cannot use a claim template (its claims "
+                        "would not be allocated); name an allocated claim of resourceClaims",
+                    )
+                continue
+            claim = claims.get(key)
+            if claim is None:
+                raise ScenarioError(
+                    f"{path}.resourceClaimName",
+                    f"no ResourceClaim {key}; add it to resourceClaims",
+                )
+            if job.running and claim.allocation is None:
+                raise ScenarioError(
+                    f"{path}.resourceClaimName",
+                    f"ResourceClaim {key} is used by a job running from the start, so give "
+                    "its status.allocation (the devices it holds)",
+                )

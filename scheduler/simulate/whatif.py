@@ -14,7 +14,10 @@ How the snapshot becomes a simulated cluster (:class:`SnapshotCluster`):
   gang's minMember) are kept as they are, so the first cycle sees exactly the snapshot;
 - live pods run forever (a snapshot does not know when they will finish); evicted pods leave
   after the termination grace (0 s) and are replaced by pending ones, as in the simulator;
-- PodDisruptionBudgets are kept, each evicted pod using one of its allowed disruptions.
+- PodDisruptionBudgets are kept, each evicted pod using one of its allowed disruptions;
+- devices and ResourceClaims (the snapshot's ``dra``) are kept: a pending pod uses the claims
+  the snapshot names for it, a bound pod those reserved for it, and the simulated cluster
+  allocates and frees them as in the simulator (:mod:`scheduler.simulate.claims`).
 
 The replay stops after ``--cycles`` cycles or when nothing more can change. Exit codes: 0 the
 run completed, 2 bad input (the message names the flag or ``--set`` path), 1 the run failed.
@@ -99,7 +102,7 @@ class SnapshotCluster(SimulatedCluster):
 
     def __init__(self, snapshot: Snapshot) -> None:
         start = shift_times(snapshot)
-        super().__init__(start.nodes, start.queues)
+        super().__init__(start.nodes, start.queues, dra=start.dra)
         self.all_gangs = start.gangs
         self.budgets = start.budgets
         known = {g.key for g in start.gangs}
@@ -122,6 +125,14 @@ class SnapshotCluster(SimulatedCluster):
         for gang in start.gangs:
             # One call per gang: every gang gets its record, also those with no live pod.
             self.add_pods(by_gang.get(gang.key, []), [gang])
+        if self.claims is not None and start.dra is not None:
+            reserved: dict[str, list[str]] = {}
+            for claim in start.dra.claims:
+                for ref in claim.reserved_for:
+                    reserved.setdefault(ref.uid, []).append(claim.key)
+            pending = start.dra.claim_keys_by_pod
+            for p in live:
+                self.claims.use(p, reserved.get(p.uid, []) if p.bound else pending.get(p.uid, ()))
 
     def snapshot_now(self) -> Snapshot:
         """The cluster as a cycle sees it: the snapshot's pods in their order, as they are now,
@@ -133,6 +144,9 @@ class SnapshotCluster(SimulatedCluster):
             if pod is not None:
                 pods.append(pod)
         pods.extend(live.values())
+        dra = None
+        if self.claims is not None:
+            dra = self.claims.view(p for p in pods if p.pending and p.uid not in self.fixed)
         return Snapshot(
             nodes=self.nodes,
             pods=tuple(pods),
@@ -140,6 +154,7 @@ class SnapshotCluster(SimulatedCluster):
             queues=self.queues,
             now=self.now,
             budgets=self._budgets_now(),
+            dra=dra,
         )
 
     def _budgets_now(self) -> tuple[DisruptionBudget, ...]:

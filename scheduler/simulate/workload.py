@@ -6,8 +6,11 @@ live cache does, so a scenario means what the same objects would mean in a clust
 without a PodGroup get one implicit gang per pod.
 
 Placement rules the scheduler does not evaluate yet (a pod affinity ``namespaceSelector`` by
-labels, ``resourceClaims``, ...; see :mod:`scheduler.cluster.unsupported`) are kept on the
-pods: their gangs wait with reason ``UnsupportedField``, as in a cluster. Pod affinity,
+labels, ...; see :mod:`scheduler.cluster.unsupported`) are kept on the pods: their gangs wait
+with reason ``UnsupportedField``, as in a cluster. A template's ``spec.resourceClaims`` become
+the job's :class:`ClaimRef` entries: each names a claim of the scenario's ``resourceClaims``
+or a ``resourceClaimTemplates`` entry (checked by :mod:`scheduler.simulate.scenario`; the
+claims live in :mod:`scheduler.simulate.claims`). Pod affinity,
 anti-affinity and spread constraints are honoured as in a cluster. Scheduling gates are
 refused (nothing would remove them), and so are volumes backed by PersistentVolumeClaims (a
 simulation has no claims or volumes).
@@ -50,6 +53,7 @@ __all__ = [
     "DEFAULT_PRIORITY_CLASSES",
     "MAX_PODS_PER_JOB",
     "SCHEDULER_NAME",
+    "ClaimRef",
     "JobArrival",
     "PodGroupDef",
     "PriorityClasses",
@@ -71,6 +75,17 @@ DEFAULT_PRIORITY_CLASSES: dict[str, int] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """One ``spec.resourceClaims`` entry of a pod template: the pod's name for the claim,
+    and the ResourceClaim (or, when ``template``, the ResourceClaimTemplate) it names, in the
+    pod's namespace."""
+
+    name: str
+    target: str
+    template: bool = False
+
+
 @dataclass(frozen=True)
 class JobArrival:
     """The pods of one job, created together at ``at`` simulated seconds."""
@@ -86,6 +101,8 @@ class JobArrival:
     grace: float | None = None
     #: True when the job is already running at the start (its pods are bound).
     running: bool = False
+    #: The template's ``spec.resourceClaims`` (every pod of the job has the same entries).
+    claims: tuple[ClaimRef, ...] = ()
 
 
 class PriorityClasses(dict[str, int]):
@@ -200,6 +217,33 @@ def _template(pods: Mapping[str, Any], path: str) -> dict[str, Any]:
     return {"metadata": meta, "spec": spec}
 
 
+def _claim_refs(spec: Mapping[str, Any], path: str) -> tuple[ClaimRef, ...]:
+    """The template's ``spec.resourceClaims`` entries, each naming exactly one of a claim
+    and a claim template, names unique."""
+    out: list[ClaimRef] = []
+    for i, raw in enumerate(read_list(spec.get("resourceClaims"), path)):
+        entry = read_mapping(raw, f"{path}[{i}]")
+        check_known(
+            entry, f"{path}[{i}]", ("name", "resourceClaimName", "resourceClaimTemplateName")
+        )
+        name = read_name(entry.get("name"), f"{path}[{i}].name")
+        if any(r.name == name for r in out):
+            raise ScenarioError(f"{path}[{i}].name", f"{name!r} is used twice")
+        claim, template = entry.get("resourceClaimName"), entry.get("resourceClaimTemplateName")
+        if (claim is None) == (template is None):
+            raise ScenarioError(
+                f"{path}[{i}]",
+                "give exactly one of resourceClaimName (a claim under resourceClaims) and "
+                "resourceClaimTemplateName (a template under resourceClaimTemplates)",
+            )
+        if claim is not None:
+            out.append(ClaimRef(name, read_name(claim, f"{path}[{i}].resourceClaimName")))
+        else:
+            target = read_name(template, f"{path}[{i}].resourceClaimTemplateName")
+            out.append(ClaimRef(name, target, template=True))
+    return tuple(out)
+
+
 def _start_time(raw: Any, path: str) -> float:
     """``startTime``: when already running pods started, 0 or before (``-30m``, ``-1800``)."""
     text = str(raw).strip() if isinstance(raw, str) else raw
@@ -267,6 +311,7 @@ def _job(
         raise ScenarioError(f"{path}.pods.count", f"at most {MAX_PODS_PER_JOB} pods per job")
     template = _template(pods_raw, f"{path}.pods")
     grace = _grace(template["spec"], f"{path}.pods.template.spec.terminationGracePeriodSeconds")
+    claims = _claim_refs(template["spec"], f"{path}.pods.template.spec.resourceClaims")
     running: tuple[tuple[str, ...], float] | None = None
     if data.get("running") is not None:
         running = _running(data["running"], f"{path}.running", count)
@@ -402,7 +447,9 @@ def _job(
         pods.append(pod)
     if running is not None and gang is not None:
         gangs = [replace(gang, creation_time=min(gang.creation_time, running[1]))]
-    job = JobArrival(name, at, duration, tuple(pods), tuple(gangs), grace, running is not None)
+    job = JobArrival(
+        name, at, duration, tuple(pods), tuple(gangs), grace, running is not None, claims
+    )
     return job, shared_key
 
 
