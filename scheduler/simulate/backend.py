@@ -238,7 +238,10 @@ class SimulatedCluster:
         gangs = tuple(r.gang for key, r in self.gangs.items() if key in live)
         dra = None
         if self.claims is not None:
+            from scheduler.cache.dra_usage import with_claim_gpus
+
             dra = self.claims.view(p for p in pods if p.pending)
+            pods = with_claim_gpus(pods, dra)  # GPU-class devices count toward queues, as live
         return Snapshot(
             nodes=self.nodes,
             pods=pods,

@@ -23,7 +23,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-from scheduler.cluster.dra import ConsumerRef, DeviceClass, DeviceId, ResourceClaim, ResourceSlice
+from scheduler.cluster.dra import (
+    ConsumerRef,
+    DeviceClass,
+    DeviceId,
+    DeviceRequest,
+    RequestAlternative,
+    ResourceClaim,
+    ResourceSlice,
+)
 from scheduler.cluster.dra_alloc import allocated_devices
 from scheduler.cluster.draview import DraView
 from scheduler.cluster.pod import Pod
@@ -127,6 +135,10 @@ class SimulatedClaims:
         for a in assignments:
             for grant in a.claims:
                 claim = self.claims.get(grant.claim)
+                if claim is None and grant.extended and grant.allocation is not None:
+                    # The claim for the pod's extended resources: made at bind (see bind).
+                    namespace, name = grant.claim.split("/", 1)
+                    claim = ResourceClaim(namespace, name)
                 if claim is None:
                     return f"ResourceClaim {grant.claim} does not exist"
                 if grant.allocation is None:
@@ -155,12 +167,30 @@ class SimulatedClaims:
         """The pod is bound (or held on its node): write each grant's allocation and
         reserve the claims for it."""
         for grant in grants:
+            if grant.extended:
+                grant = self._make_extended(pod, grant)
             claim = self.claims.get(grant.claim)
             if claim is None:
                 continue
             if grant.allocation is not None and claim.allocation is None:
                 self.claims[grant.claim] = dataclasses.replace(claim, allocation=grant.allocation)
             self._reserve(grant.claim, pod)
+
+    def _make_extended(self, pod: Pod, grant: ClaimGrant) -> ClaimGrant:
+        """Create the claim for the pod's extended resources backed by DRA (owned by the
+        pod, deleted with it), as the scheduler's commit does; the grant under its name."""
+        name = f"{pod.name}-extended-resources"
+        while f"{pod.namespace}/{name}" in self.claims:  # as generateName avoids clashes
+            name += "-x"
+        requests = tuple(
+            DeviceRequest(req, (RequestAlternative(req, cls, count=count),))
+            for req, cls, count in grant.requests
+        )
+        claim = ResourceClaim(pod.namespace, name, f"{pod.namespace}/{name}", requests)
+        self.claims[claim.key] = claim
+        self.owner[claim.key] = pod.uid
+        self.pod_claims[pod.uid] = (*self.pod_claims.get(pod.uid, ()), claim.key)
+        return dataclasses.replace(grant, claim=claim.key, requests=(), mappings=())
 
     def release(self, pod: Pod) -> None:
         """The pod is gone: it leaves its claims' reservedFor; an unreserved claim is

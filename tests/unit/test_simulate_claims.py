@@ -321,3 +321,43 @@ def test_what_if_keeps_the_snapshots_devices_and_claims() -> None:
             claim = cluster.claims.claims[claim_key]
             assert claim.allocation is not None, claim_key
             assert uid in {r.uid for r in claim.reserved_for}
+
+
+def test_extended_resources_backed_by_dra_take_devices_until_their_pods_end() -> None:
+    """A DeviceClass serving example.com/gpu, nodes that do not advertise it: pods asking 2
+    get a claim made for them at bind (2 devices of one node), which holds the devices in
+    later cycles and goes with the pod; a third pod waits for one to end."""
+    data = _scenario()
+    data["deviceClasses"][0]["spec"]["extendedResourceName"] = "example.com/gpu"
+
+    def ext_job(name: str, **extra: Any) -> dict[str, Any]:
+        job = _job(name, 1, [], **extra)
+        spec = job["pods"]["template"]["spec"]
+        del spec["resourceClaims"]
+        spec["containers"][0]["resources"] = {
+            "requests": {"cpu": 1, "example.com/gpu": 2},
+            "limits": {"example.com/gpu": 2},
+        }
+        return job
+
+    data["jobs"] = [
+        ext_job("a", duration="10m"),
+        ext_job("b", duration="10m"),
+        ext_job("c", at="1m", duration="10m"),
+    ]
+    result = simulate(parse_scenario(data))
+    bound = _bound(result)
+    assert {bound["a"][0], bound["b"][0]} == {"dgx-0", "dgx-1"}, bound
+    _, at = bound["c"]
+    assert at is not None and at >= 600, bound  # only once a or b ended
+    claims = result.cluster.claims
+    assert claims is not None
+    assert [k for k in claims.claims if "extended" in k] == []  # gone with their pods
+
+    mid = simulate(parse_scenario({**data, "settings": {**data["settings"], "end": "2m"}}))
+    assert mid.cluster.claims is not None
+    made = {k: c for k, c in mid.cluster.claims.claims.items() if "extended-resources" in k}
+    assert len(made) == 2, mid.cluster.claims.claims
+    for claim in made.values():
+        assert claim.allocation is not None and len(claim.allocation.results) == 2
+        assert len({r.pool for r in claim.allocation.results}) == 1
