@@ -214,19 +214,27 @@ class TestDriver:
         self._slices.extend(names)
         return names
 
-    def device_class(self, name: str, selectors: Sequence[str] = ()) -> dict[str, Any]:
-        """A DeviceClass picking this driver's devices (plus ``selectors``) by CEL."""
+    def device_class(
+        self, name: str, selectors: Sequence[str] = (), extended_resource: str | None = None
+    ) -> dict[str, Any]:
+        """A DeviceClass picking this driver's devices (plus ``selectors``) by CEL; with
+        ``extended_resource``, pods asking that extended resource get its devices."""
         exprs = [f'device.driver == "{self.name}"', *selectors]
+        spec: dict[str, Any] = {"selectors": [{"cel": {"expression": e}} for e in exprs]}
+        if extended_resource is not None:
+            spec["extendedResourceName"] = extended_resource
         return {
             "apiVersion": API_VERSION,
             "kind": "DeviceClass",
             "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": e}} for e in exprs]},
+            "spec": spec,
         }
 
-    def create_class(self, name: str, selectors: Sequence[str] = ()) -> str:
+    def create_class(
+        self, name: str, selectors: Sequence[str] = (), extended_resource: str | None = None
+    ) -> str:
         """Create :meth:`device_class` (deleted by :meth:`cleanup`); returns its name."""
-        self._create([self.device_class(name, selectors)])
+        self._create([self.device_class(name, selectors, extended_resource)])
         self._classes.append(name)
         return name
 

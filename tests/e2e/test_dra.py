@@ -612,3 +612,74 @@ def test_missing_device_class_and_failing_selector_give_reasons_while_others_sch
         assert sched.running()
     finally:
         _cleanup(kai_cluster, namespace)
+
+
+def test_extended_resource_backed_by_a_device_class(
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
+    make_gpu_nodes: Any,
+    driver: TestDriver,
+) -> None:
+    """A DeviceClass with ``extendedResourceName``: a pod asking that resource in its
+    container, on kwok nodes that do not advertise it, gets a claim the scheduler creates
+    (owned by the pod, annotated, allocated to devices of the node it is bound to, reserved
+    for it) and ``status.extendedResourceClaimStatus`` mapping its container to the claim's
+    request - what kube-scheduler does. Two such pods on one node never share a device; a
+    third that does not fit waits."""
+    tag = run_tag()
+    (node,) = make_gpu_nodes(1, gpus=0, labels=tag)
+    driver.publish([node], DeviceSpec(4, "a100", "80Gi"))
+    resource = f"{driver.name.split('.', 1)[0]}.example.com/gpu"
+    cls = driver.create_class(f"gpu-{tag['kai-e2e']}", extended_resource=resource)
+
+    def ext_pod(name: str, count: int) -> dict[str, Any]:
+        pod = pod_manifest(name, node_selector=tag)
+        res = pod["spec"]["containers"][0]["resources"]
+        res["requests"][resource] = str(count)
+        res["limits"] = {resource: str(count)}
+        return pod
+
+    try:
+        sched = start_scheduler()
+        kai_cluster.create(ext_pod("x-0", 2), ext_pod("x-1", 2), namespace=namespace)
+
+        def placed() -> dict[str, str] | None:
+            nodes = bound_nodes(kai_cluster.pods(namespace))
+            return nodes if len(nodes) == 2 else None
+
+        nodes = wait_for("the extended-resource pods bound", placed, timeout=90, logs=sched)
+        assert set(nodes.values()) == {node}, nodes
+        claims = _claims(kai_cluster, namespace)
+        held: list[DeviceId] = []
+        for name in ("x-0", "x-1"):
+            pod = _pod(kai_cluster, namespace, name)
+            status = pod["status"].get("extendedResourceClaimStatus") or {}
+            claim = claims[status["resourceClaimName"]]
+            meta = claim["metadata"]
+            assert meta["annotations"]["resource.kubernetes.io/extended-resource-claim"] == "true"
+            (owner,) = meta["ownerReferences"]
+            assert owner["uid"] == pod["metadata"]["uid"] and owner["controller"] is True
+            (mapping,) = status["requestMappings"]
+            assert mapping["containerName"] == "main" and mapping["resourceName"] == resource
+            (req,) = claim["spec"]["devices"]["requests"]
+            assert req["name"] == mapping["requestName"]
+            assert req["exactly"]["deviceClassName"] == cls
+            assert req["exactly"]["count"] == 2
+            got = _devices(claim)
+            assert len(got) == 2 and {(d[0], d[1]) for d in got} == {(driver.name, node)}, got
+            assert _reserved_for(claim) == {("pods", name, pod["metadata"]["uid"])}, claim
+            held += got
+        assert len(set(held)) == 4, held
+
+        kai_cluster.create(ext_pod("x-2", 1), namespace=namespace)
+        message = wait_for(
+            "x-2 waits",
+            lambda: _waiting(kai_cluster.pods(namespace)).get("x-2"),
+            timeout=60,
+            logs=sched,
+        )
+        assert "claim" in message, message
+        assert sched.running()
+    finally:
+        _cleanup(kai_cluster, namespace)
