@@ -46,10 +46,11 @@ from scheduler.fairness import FairShareReport
 from scheduler.fairness.admission import OVER_QUOTA
 from scheduler.framework.scoring import NodeScorer
 from scheduler.solver.greedy import GangRequest, place_gangs
-from scheduler.solver.placement import EvictAction, Eviction, PlacementSettings, PodAssignment
+from scheduler.solver.placement import Eviction, PlacementSettings, PodAssignment
 from scheduler.solver.queues import QueueBook
 from scheduler.solver.state import ClusterState
 from scheduler.solver.takeback_apply import apply_choice, eviction_records
+from scheduler.solver.takeback_greedy import UnitIndex
 from scheduler.solver.takeback_model import solve_gang, unit_costs
 from scheduler.solver.victim_prospects import (
     free_total,
@@ -57,7 +58,7 @@ from scheduler.solver.victim_prospects import (
     may_evict_for,
     room_anywhere,
 )
-from scheduler.solver.victims import Unit, action_for, build_units, may_evict
+from scheduler.solver.victims import Unit, actions_for, build_units, may_evict
 
 __all__ = ["TakeBack", "take_back"]
 
@@ -140,6 +141,8 @@ def take_back(
     lowest: dict[str, int] | None = None  # see lowest_running_priority
     room: tuple[int, int, int] | None = None  # free_total, until this stage changes state
     cost: list[int] = []  # by unit id (see unit_costs)
+    may_move: list[Unit] = []  # see movable_units
+    index = UnitIndex([], [])  # the units' (see UnitIndex), once they are built
     # The stage's own budget, like placement's (building the units is not counted).
     deadline = time.perf_counter() + max(
         MIN_BUDGET_SECONDS, settings.time_limit_seconds if budget is None else budget
@@ -183,6 +186,8 @@ def take_back(
             building = time.perf_counter()
             units = build_units(snapshot)
             cost = unit_costs(units, now)
+            may_move = movable_units(snapshot, units, now)
+            index = UnitIndex(units, cost)
             deadline += time.perf_counter() - building
         if not units and not leaving:
             break
@@ -195,25 +200,17 @@ def take_back(
             admitted.add(g.key)
             room = None
             continue
-        actions: dict[int, EvictAction] = {}
-        rules: dict[str, tuple[str | None, float]] = {}
-        for u in units:
-            if u.id in taken or u.gang in taken_gangs:
-                continue
-            act = action_for(g, u, snapshot.queue_tree, report, book.charged, now, rules)
-            if act is not None:
-                actions[u.id] = act
+        actions = actions_for(
+            g, units, taken, taken_gangs, snapshot.queue_tree, report, book.charged, now
+        )
+        cap = settings.consolidation_max_pods - moved_pods
         movable = [
             u
-            for u in units
-            if u.whole
+            for u in may_move
+            if u.id not in actions
             and u.id not in taken
             and u.gang not in taken_gangs
-            and u.id not in actions
-            and len(u.pods) <= settings.consolidation_max_pods - moved_pods
-            and now - u.started >= snapshot.queue_tree.min_runtime(u.queue, "preempt")
-            # A pod's claims hold devices where it runs; moving it would need them moved too.
-            and not any(holds_claimed_devices(snapshot, p) for p in u.pods)
+            and len(u.pods) <= cap
         ]
         if not actions and not movable:
             out.refused[g.key] = "no running work may be taken for it"
@@ -231,6 +228,7 @@ def take_back(
             settings.consolidation_max_pods - moved_pods,
             left / max(1, settings.take_back_gangs - tried + 1),
             settings.workers,
+            index,
             greedy_only=settings.greedy_only,
         )
         per_gang.append(time.perf_counter() - gang_started)
@@ -289,6 +287,27 @@ def take_back(
             placed_moves=moves,
         )
     log.debug("take_back_done", cycle=cycle, seconds=round(time.perf_counter() - started, 4))
+    return out
+
+
+def movable_units(snapshot: Snapshot, units: Sequence[Unit], now: float) -> list[Unit]:
+    """The units consolidation may move, as far as the cycle decides (in unit order): whole
+    gangs that ran their queue's min runtime for preemption and hold no claimed devices.
+    Each gang then drops those it may evict, those already taken and those too large."""
+    tree = snapshot.queue_tree
+    least: dict[str, float] = {}
+    out: list[Unit] = []
+    for u in units:
+        if not u.whole:
+            continue
+        runtime = least.get(u.queue)
+        if runtime is None:
+            runtime = least[u.queue] = tree.min_runtime(u.queue, "preempt")
+        # A pod's claims hold devices where it runs; moving it would need them moved too.
+        if now - u.started >= runtime and not any(
+            holds_claimed_devices(snapshot, p) for p in u.pods
+        ):
+            out.append(u)
     return out
 
 

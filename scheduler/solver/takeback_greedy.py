@@ -21,7 +21,14 @@ from scheduler.solver.placement import EvictAction
 from scheduler.solver.state import ClusterState, NodeSlot
 from scheduler.solver.victims import Unit, branch_pair
 
-__all__ = ["MAX_GREEDY_TRIES", "MAX_GREEDY_UNITS", "Choice", "choice_cost", "greedy_choice"]
+__all__ = [
+    "MAX_GREEDY_TRIES",
+    "MAX_GREEDY_UNITS",
+    "Choice",
+    "UnitIndex",
+    "choice_cost",
+    "greedy_choice",
+]
 
 #: Units the cheapest-first greedy releases at most before it gives up.
 MAX_GREEDY_UNITS = 256
@@ -101,61 +108,114 @@ class _Need:
         return total >= self.devices and best >= self.largest
 
 
+class UnitIndex:
+    """Per-node and per-cost views of a cycle's units, built once per take-back stage and
+    shared by every gang: each gang may take most units of the cluster, and walking all of
+    them for every gang was most of a gang's time."""
+
+    def __init__(self, units: Sequence[Unit], cost: Sequence[int]) -> None:
+        #: Unit ids by (cost, id): the cheapest-first order.
+        self.by_cost = sorted(range(len(units)), key=lambda i: (cost[i], i))
+        self.ids = frozenset(range(len(units)))
+        self.cost = cost
+        self._by_cost_on: dict[str, list[int]] = {}
+        #: Per unit, (node, devices its pods hold there) for each node it runs on.
+        self.places: list[tuple[tuple[str, int], ...]] = []
+        #: Per node: its units (in id order), their total cost and the devices they hold.
+        self.on_node: dict[str, list[int]] = {}
+        self.total: dict[str, int] = {}
+        self.freed: dict[str, int] = {}
+        for u in units:
+            c = cost[u.id]
+            if len(u.pods) == 1:  # most units: one pod, on one node
+                p = u.pods[0]
+                places: tuple[tuple[str, int], ...] = ((p.node_name or "", len(p.gpu_grant)),)
+            else:
+                places = tuple(
+                    (n, sum(len(p.gpu_grant) for p in u.pods if p.node_name == n)) for n in u.nodes
+                )
+            self.places.append(places)
+            for n, dev in places:
+                here = self.on_node.get(n)
+                if here is None:
+                    self.on_node[n] = [u.id]
+                    self.total[n] = c
+                    self.freed[n] = dev
+                else:
+                    here.append(u.id)
+                    self.total[n] += c
+                    self.freed[n] += dev
+
+    def per_node(
+        self, actions: Mapping[int, EvictAction], accepting: AbstractSet[str]
+    ) -> dict[str, tuple[int, int, int]]:
+        """Per node of ``accepting`` hosting a unit of ``actions``: how many, their total
+        cost and the devices their pods hold there. Usually nearly every unit may be taken:
+        then the cycle's totals minus the units that may not (a few), else the sums of those
+        that may."""
+        count: dict[str, int] = {}
+        total: dict[str, int] = {}
+        freed: dict[str, int] = {}
+        places, cost = self.places, self.cost
+        if 2 * len(actions) >= len(self.ids):
+            for i in self.ids.difference(actions):
+                c = cost[i]
+                for n, dev in places[i]:
+                    if n in accepting:
+                        count[n] = count.get(n, 0) - 1
+                        total[n] = total.get(n, 0) - c
+                        freed[n] = freed.get(n, 0) - dev
+            for n, here in self.on_node.items():
+                if n in accepting:
+                    count[n] = count.get(n, 0) + len(here)
+                    total[n] = total.get(n, 0) + self.total[n]
+                    freed[n] = freed.get(n, 0) + self.freed[n]
+        else:
+            for i in actions:
+                c = cost[i]
+                for n, dev in places[i]:
+                    if n in accepting:
+                        count[n] = count.get(n, 0) + 1
+                        total[n] = total.get(n, 0) + c
+                        freed[n] = freed.get(n, 0) + dev
+        return {n: (k, total[n], freed[n]) for n, k in count.items() if k}
+
+    def by_cost_on(self, n: str) -> list[int]:
+        """Node ``n``'s units by (cost, id) (sorted once per cycle, when first asked)."""
+        found = self._by_cost_on.get(n)
+        if found is None:
+            cost = self.cost
+            found = self._by_cost_on[n] = sorted(self.on_node[n], key=lambda i: (cost[i], i))
+        return found
+
+    def cheapest_on(self, n: str, actions: Mapping[int, EvictAction]) -> int | None:
+        """The least cost of a unit of ``actions`` on node ``n`` (None: there is none)."""
+        for i in self.by_cost_on(n):
+            if i in actions:
+                return self.cost[i]
+        return None
+
+
 def _node_order(
-    useful: Sequence[int],
-    units: Sequence[Unit],
+    actions: Mapping[int, EvictAction],
+    index: UnitIndex,
     cost: Sequence[int],
     state: ClusterState,
-    accepting: set[str],
+    per_node: Mapping[str, tuple[int, int, int]],
 ) -> list[int]:
     """Units in the order the greedy takes them: node by node, the nodes that free the most
     GPUs per unit of cost first, and on each node its cheapest units first. Taking the
     cheapest units cluster-wide would free a device here and a device there, and a gang of
-    large pods needs whole nodes' worth of room."""
-    # One pass over the units gives each node its units, their cost and the devices their
-    # pods hold there (asked per gang, for every node hosting a victim: thousands).
-    on_node: dict[str, list[int]] = {}
-    total: dict[str, int] = {}
-    freed: dict[str, int] = {}
-    for i in useful:
-        u = units[i]
-        c = cost[i]
-        if len(u.pods) == 1:  # most units: one pod, on one node
-            p = u.pods[0]
-            n = p.node_name
-            if n not in accepting:
-                continue
-            here = on_node.get(n)
-            if here is None:
-                on_node[n] = [i]
-                total[n] = c
-                freed[n] = len(p.gpu_grant)
-            else:
-                here.append(i)
-                total[n] += c
-                freed[n] += len(p.gpu_grant)
-            continue
-        for n in u.nodes:  # not ``& accepting``: no set per unit
-            if n not in accepting:
-                continue
-            if n in on_node:
-                on_node[n].append(i)
-                total[n] += c
-            else:
-                on_node[n] = [i]
-                total[n] = c
-                freed[n] = 0
-            for p in u.pods:
-                if p.node_name == n:
-                    freed[n] += len(p.gpu_grant)
+    large pods needs whole nodes' worth of room. Only units of ``actions`` count, on the
+    nodes in ``accepting``."""
     keys: list[tuple[float, str]] = []
     nodes = state.nodes
-    for n in on_node:
-        gained = freed[n]
+    for n, (_, total, freed) in per_node.items():
+        gained = freed
         for f in nodes[n].gpu_free:  # and the devices already whole free there
             if f >= GPU_MILLI:
                 gained += 1
-        keys.append((total[n] / max(1, gained), n))
+        keys.append((total / max(1, gained), n))
     # Usually a few dozen nodes give the units wanted: pop them in order from a heap rather
     # than sort every node (keys end with the node name: no ties, the same order).
     heapq.heapify(keys)
@@ -163,8 +223,8 @@ def _node_order(
     seen: set[int] = set()
     while keys:
         n = heapq.heappop(keys)[1]
-        for i in sorted(on_node[n], key=lambda i: (cost[i], i)):
-            if i not in seen:
+        for i in index.by_cost_on(n):
+            if i in actions and i not in seen:
                 seen.add(i)
                 order.append(i)
         if len(order) >= MAX_GREEDY_UNITS:  # as many as the other order offers
@@ -182,6 +242,8 @@ def greedy_choice(
     pdb_used: Mapping[str, int],
     rooms: Mapping[str, tuple[tuple[str, int], ...]],
     accepting: set[str],
+    index: UnitIndex,
+    per_node: Mapping[str, tuple[int, int, int]],
 ) -> Choice | None:
     """Evict the cheapest allowed units until the gang fits, then give back those it does not
     need (most expensive first). Leaves ``state`` as it found it. Budgets are respected as
@@ -190,7 +252,6 @@ def greedy_choice(
     Trying a placement costs a greedy pass, so it is tried only once the whole free GPUs (or
     CPU) on the nodes the gang accepts could hold it, and at most :data:`MAX_GREEDY_TRIES`
     times."""
-    useful = [i for i in actions if not units[i].nodes.isdisjoint(accepting)]
 
     def in_order(order: Sequence[int]) -> Choice | None:
         """The greedy for one order of the units."""
@@ -276,9 +337,14 @@ def greedy_choice(
     best: Choice | None = None
     # Two orders: cheapest units first (best when little room is needed), and node by node
     # (best when the gang needs whole nodes); the cheaper answer wins.
-    # (nsmallest is sorted(...)[:k] without sorting every unit.)
-    cheapest = heapq.nsmallest(MAX_GREEDY_UNITS, useful, key=lambda i: (cost[i], i))
-    for order in (cheapest, _node_order(useful, units, cost, state, accepting)):
+    # (The first of the cycle's cheapest-first order that count: without sorting every unit.)
+    cheapest: list[int] = []
+    for i in index.by_cost:
+        if i in actions and not units[i].nodes.isdisjoint(accepting):
+            cheapest.append(i)
+            if len(cheapest) >= MAX_GREEDY_UNITS:
+                break
+    for order in (cheapest, _node_order(actions, index, cost, state, per_node)):
         found = in_order(order)
         if found is not None and (
             best is None or choice_cost(found, cost) < choice_cost(best, cost)

@@ -19,7 +19,7 @@ from scheduler.solver.greedy import GangRequest, shape_key
 from scheduler.solver.placement import EvictAction
 from scheduler.solver.queues import QueueBook
 from scheduler.solver.state import ClusterState, NodeSlot, uses_node_name
-from scheduler.solver.takeback_greedy import Choice, choice_cost, greedy_choice
+from scheduler.solver.takeback_greedy import Choice, UnitIndex, choice_cost, greedy_choice
 from scheduler.solver.victims import Unit, branch_pair, victim_rooms
 
 if TYPE_CHECKING:
@@ -63,6 +63,7 @@ def solve_gang(
     move_cap: int,
     time_limit: float,
     workers: int,
+    index: UnitIndex,
     *,
     greedy_only: bool = False,
 ) -> Choice | None:
@@ -87,38 +88,45 @@ def solve_gang(
         if any((d := state.demand_on(p, slot)) is not None and slot.fits(d) for p in reps):
             roomy.update(names)
     floor = _min_milli_to_free(g, state, accepting)
-    victim_nodes: dict[str, list[Unit]] = defaultdict(list)
-    # Membership tests rather than ``nodes & accepting``: a set built per unit, for every
-    # running gang of the cluster (which node comes first does not matter: lists are
-    # appended in unit order, and the nodes are sorted below).
-    for i in actions:
-        u = units[i]
-        for n in u.nodes:
-            if n in accepting:
-                victim_nodes[n].append(u)
-    if not victim_nodes and not movable:
+    # Nodes hosting a candidate: per node the units of ``actions`` there (from the cycle's
+    # index, see UnitIndex.per_node), and the movable units (in their order).
+    hosts = index.per_node(actions, accepting)
+    if not hosts and not movable:
         return None
+    moving_on: dict[str, list[Unit]] = defaultdict(list)
     for u in movable:
         for n in u.nodes:
             if n in accepting:
-                victim_nodes[n].append(u)
+                moving_on[n].append(u)
+    hosting = hosts.keys() | moving_on.keys()
     # Only the first nodes of each order are taken: nsmallest is sorted(...)[:k] (the keys
     # end with the node name, so there are no ties), without sorting every victim's node.
     chosen_nodes = heapq.nsmallest(
         MAX_MODEL_NODES // 4,
-        (n for n in roomy if n not in victim_nodes),
+        (n for n in roomy if n not in hosting),
         key=lambda n: (-sum(state.nodes[n].gpu_free), n),
     )
 
     # Cheapest freed GPU first when the node set must be cut.
     def cheapest(n: str) -> tuple[int, str]:
-        here = victim_nodes[n]  # mostly one unit: no generator for it
-        return (cost[here[0].id] if len(here) == 1 else min(cost[u.id] for u in here), n)
+        least = index.cheapest_on(n, actions) if n in hosts else None
+        for u in moving_on.get(n, ()):
+            if least is None or cost[u.id] < least:
+                least = cost[u.id]
+        return (least if least is not None else 0, n)
 
-    chosen_nodes += heapq.nsmallest(MAX_MODEL_NODES - len(chosen_nodes), victim_nodes, key=cheapest)
+    chosen_nodes += heapq.nsmallest(MAX_MODEL_NODES - len(chosen_nodes), hosting, key=cheapest)
+    # Per node of the model, the units that may free room there: those of ``actions`` (in
+    # unit order), then the movable ones.
+    victim_nodes: dict[str, list[Unit]] = {}
+    for n in chosen_nodes:
+        on_n = [units[i] for i in index.on_node[n] if i in actions] if n in hosts else []
+        on_n += moving_on.get(n, ())
+        if on_n:
+            victim_nodes[n] = on_n
     # Only units with a pod on a node of the model can make room in it.
-    in_model = {u.id for n in chosen_nodes for u in victim_nodes.get(n, ())}
-    candidates = [units[i] for i in actions if i in in_model]
+    in_model = {u.id for on_n in victim_nodes.values() for u in on_n}
+    candidates = [units[i] for i in sorted(in_model) if i in actions]
     movable = sorted((u for u in movable if u.id in in_model), key=lambda u: cost[u.id])
     movable = movable[:MAX_MODEL_MOVERS]
     if movable:
@@ -143,42 +151,62 @@ def solve_gang(
     rooms = victim_rooms(
         [units[i] for i in actions], actions, g, snapshot.queue_tree, book.report, book.charged
     )
-    hint = greedy_choice(snapshot, g, units, cost, actions, state, pdb_used, rooms, accepting)
+    hint = greedy_choice(
+        snapshot, g, units, cost, actions, state, pdb_used, rooms, accepting, index, hosts
+    )
     if hint is not None:
         hint.floor = floor
     if greedy_only:
         return hint
 
-    model = cp_model.CpModel()
-    e = {u.id: model.new_bool_var(f"e{u.id}") for u in candidates}
-    m = {u.id: model.new_bool_var(f"m{u.id}") for u in movable}
     held = {u.id: _held(state, u) for u in (*candidates, *movable)}
-
-    # Pods to place: the gang's, and those of moved units (only if moved).
-    demands: list[tuple[str, Pod, int, cp_model.IntVar | None]] = [
+    # Pods to place: the gang's, and those of moved units (only if moved: by the unit's id).
+    specs: list[tuple[str, Pod, int, int | None]] = [
         ("g", pods[0], len(pods), None) for pods in shapes.values()
     ]
     for u in movable:
         for pods in _group(u.pods).values():
-            demands.append((f"m{u.id}", pods[0], len(pods), m[u.id]))
-    per_node: dict[str, list[tuple[int, cp_model.IntVar]]] = defaultdict(list)
-    placed_of: dict[int, list[cp_model.IntVar]] = defaultdict(list)
+            specs.append((f"m{u.id}", pods[0], len(pods), u.id))
     # Whether a pod may go to a node at all (taints, selector, affinity, allocatable) depends
     # on the node's static traits only: asked once per (demand, traits), not per node (the
     # state keeps the label keys pods select on; a pod naming nodes is asked per node).
-    by_traits = [not uses_node_name(pod) for _, pod, _, _ in demands]
+    by_traits = [not uses_node_name(pod) for _, pod, _, _ in specs]
     eligible: dict[tuple[int, int], bool] = {}
+    fitting: list[tuple[str, list[int]]] = []  # per node of the model, the demands it takes
+    hosted: set[int] = set()
     for n in chosen_nodes:
         slot = state.nodes[n]
-        for k, (_, pod, count, _) in enumerate(demands):
+        ks: list[int] = []
+        for k, (_, pod, _, _) in enumerate(specs):
             ok = eligible.get((k, slot.static_id)) if by_traits[k] else None
             if ok is None:
                 ok = pod.accepts(slot.node) and _within_allocatable(state, pod, slot)
                 if by_traits[k]:
                     eligible[k, slot.static_id] = ok
-            if not ok:
-                continue
-            v = model.new_int_var(0, count, f"x{k}_{n}")
+            if ok:
+                ks.append(k)
+                hosted.add(k)
+        fitting.append((n, ks))
+    if any(unit is None and k not in hosted for k, (_, _, _, unit) in enumerate(specs)):
+        return None  # a pod of the gang fits on no node of the model
+    if _cannot_fit(state, specs, fitting, victim_nodes, held):
+        # The model has no solution (CP-SAT would say INFEASIBLE, or UNKNOWN after its whole
+        # time limit): what it would fall back to, without building it.
+        if hint is not None:
+            hint.floor = floor
+        return hint
+
+    model = cp_model.CpModel()
+    e = {u.id: model.new_bool_var(f"e{u.id}") for u in candidates}
+    m = {u.id: model.new_bool_var(f"m{u.id}") for u in movable}
+    demands: list[tuple[str, Pod, int, cp_model.IntVar | None]] = [
+        (tag, pod, count, None if unit is None else m[unit]) for tag, pod, count, unit in specs
+    ]
+    per_node: dict[str, list[tuple[int, cp_model.IntVar]]] = defaultdict(list)
+    placed_of: dict[int, list[cp_model.IntVar]] = defaultdict(list)
+    for n, ks in fitting:
+        for k in ks:
+            v = model.new_int_var(0, demands[k][2], f"x{k}_{n}")
             per_node[n].append((k, v))
             placed_of[k].append(v)
     for k, (_, _, count, flag) in enumerate(demands):
@@ -216,21 +244,22 @@ def solve_gang(
         ]
         # Each placed demand's requests on this node, looked up once (not once per resource).
         asked = [(state.demand_on(demands[k][1], slot), v) for k, v in per_node[n]]
-        resources: set[str] = set(slot.free)
-        for d, _ in asked:
-            resources |= set(d.requests)  # type: ignore[union-attr]
-        free_now = slot.free
-        for r in sorted(resources):
-            # What is placed fits in what is free plus what freed units hold here.
-            xs: list[cp_model.IntVar] = []
-            cs: list[int] = []
-            for d, v in asked:
-                need = d.requests.get(r, 0)  # type: ignore[union-attr]
+        # Per resource some placed demand asks for here: those demands' columns (in their
+        # order) and amounts. Resources none of them asks for get no row.
+        rows: dict[str, tuple[list[cp_model.IntVar], list[int]]] = {}
+        for d, v in asked:
+            for r, need in d.requests.items():  # type: ignore[union-attr]
                 if need:
-                    xs.append(v)
-                    cs.append(need)
-            if not xs:
-                continue
+                    row = rows.get(r)
+                    if row is None:
+                        rows[r] = ([v], [need])
+                    else:
+                        row[0].append(v)
+                        row[1].append(need)
+        free_now = slot.free
+        for r in sorted(rows):
+            # What is placed fits in what is free plus what freed units hold here.
+            xs, cs = rows[r]
             for _, var, res, _ in here:
                 amount = res.get(r, 0)
                 if amount:
@@ -337,6 +366,61 @@ def _within_allocatable(state: ClusterState, pod: Pod, slot: NodeSlot) -> bool:
     return d is not None and not any(
         v > slot.node.allocatable.get(r, 0) for r, v in d.requests.items() if r != "pods"
     )
+
+
+def _cannot_fit(
+    state: ClusterState,
+    specs: Sequence[tuple[str, Pod, int, int | None]],
+    fitting: Sequence[tuple[str, Sequence[int]]],
+    victim_nodes: Mapping[str, Sequence[Unit]],
+    held: Mapping[int, Mapping[str, tuple[dict[str, int], dict[int, int]]]],
+) -> bool:
+    """True when the model of :func:`solve_gang` has no solution: some shape of the gang has
+    fewer pods than it needs room for even with every unit of the model freed.
+
+    A relaxation of the model's rows, one shape at a time: on each node it may use, as many
+    of its pods as the node's resource rows, whole devices (free, or held only by units of
+    the model) and GPU thousandths allow with all those units gone. Other shapes and moved
+    pods only take room away, so a shortfall here is a shortfall of the model.
+    """
+    for k, (_, pod, count, unit) in enumerate(specs):
+        if unit is not None:
+            continue  # moved pods: placed only if moved
+        room = 0
+        for n, ks in fitting:
+            if k not in ks:
+                continue
+            slot = state.nodes[n]
+            d = state.demand_on(pod, slot)
+            if d is None:
+                continue
+            frees = [held[u.id][n] for u in victim_nodes.get(n, ()) if n in held.get(u.id, {})]
+            most = count
+            for r, need in d.requests.items():
+                if need > 0:
+                    cap = slot.free.get(r, 0) + sum(res.get(r, 0) for res, _ in frees)
+                    most = min(most, max(0, cap // need))
+            if d.gpu_count and most:
+                freed: dict[int, int] = {}
+                for _, dev in frees:
+                    for i, milli in dev.items():
+                        freed[i] = freed.get(i, 0) + milli
+                milli_cap = sum(slot.gpu_free) + sum(freed.values())
+                if d.gpu_milli >= GPU_MILLI:
+                    whole = sum(
+                        1
+                        for i, f in enumerate(slot.gpu_free)
+                        if f >= GPU_MILLI or (i in freed and f + freed[i] >= GPU_MILLI)
+                    )
+                    most = min(most, whole // d.gpu_count, milli_cap // (GPU_MILLI * d.gpu_count))
+                elif d.gpu_milli > 0:
+                    most = min(most, milli_cap // (d.gpu_count * d.gpu_milli))
+            room += most
+            if room >= count:
+                break
+        if room < count:
+            return True
+    return False
 
 
 def _held(state: ClusterState, u: Unit) -> dict[str, tuple[dict[str, int], dict[int, int]]]:
