@@ -631,7 +631,7 @@ async def _drop_finalizer(writer: Writer, w: ClaimWrite, obj: Mapping[str, Any])
             )
             return
         except Conflict:
-            pass
+            pass  # changed since read: read it again below and retry once
         except KubeError as e:
             log.warning("claim_finalizer_not_removed", claim=w.key, error=e.message)
             return
