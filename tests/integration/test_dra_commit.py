@@ -12,9 +12,11 @@ and a claim allocated by someone else since the cycle chose devices refuses the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -39,6 +41,21 @@ from scheduler.k8s.writer import Writer
 from scheduler.solver.placement import ClaimGrant, GangOutcome, PodAssignment
 from testenv.controlplane import ControlPlane
 from tests.integration.support import FAST_WATCH, eventually, kubectl
+
+
+@contextlib.contextmanager
+def all_logs() -> Iterator[list[dict[str, Any]]]:
+    """structlog's capture_logs at every level: an earlier test of the session may have set
+    up the scheduler's logging at WARNING, whose filtering logger drops info events before
+    any processor (capture_logs only swaps the processors)."""
+    kept = structlog.get_config()["wrapper_class"]
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        with structlog.testing.capture_logs() as logs:
+            yield logs
+    finally:
+        structlog.configure(wrapper_class=kept)
+
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="session")]
 
@@ -371,7 +388,7 @@ async def test_concurrent_gangs_on_one_claim_all_get_reserved_through_409s(
 
     writers = (Writer(api), Writer(api))
     others = [gangs.outcome(f"g-{n}", [(n, [ClaimGrant(gangs.key("shared"))])]) for n in names[1:]]
-    with structlog.testing.capture_logs() as logs:
+    with all_logs() as logs:
         results = await asyncio.gather(
             *(commit(o, gangs, writers[i % 2], reservations) for i, o in enumerate(others))
         )
@@ -659,7 +676,7 @@ async def test_the_claim_of_extended_resources_of_a_failed_gang_is_deleted(
         [("p", [grant]), ("q", [ClaimGrant(gangs.key("missing"), on_node(node, "gpu-4"))])],
     )
     reservations = DraReservations()
-    with structlog.testing.capture_logs() as logs:
+    with all_logs() as logs:
         result = await commit(outcome, gangs, Writer(api), reservations)
     assert not result.bound
     assert {why for _, why in result.failed} == {
