@@ -242,12 +242,7 @@ def action_for(
     if unit.gang == g.key:
         return None
     rules = {} if rules is None else rules
-    found = rules.get(unit.queue)
-    if found is None:
-        rule = queue_rule(g, unit.queue, tree, report, charged)
-        least = tree.min_runtime(unit.queue, rule) if rule is not None else 0.0
-        found = rules[unit.queue] = (rule, least)
-    rule, least = found
+    rule, least = rules.get(unit.queue) or _rule_of(rules, g, unit.queue, tree, report, charged)
     if rule is None or now - unit.started < least:
         return None
     if rule == "preempt" and unit.priority >= g.priority:
@@ -255,6 +250,21 @@ def action_for(
     if not unit.whole:
         return "shrink"
     return "preempt" if rule == "preempt" else "reclaim"
+
+
+def _rule_of(
+    rules: dict[str, tuple[str | None, float]],
+    g: GangRequest,
+    queue: str,
+    tree: QueueTree,
+    report: FairShareReport,
+    charged: Mapping[str, Mapping[str, int]],
+) -> tuple[str | None, float]:
+    """The rule units of ``queue`` fall under for ``g`` and that rule's min runtime, kept
+    in ``rules`` (the per-gang cache of :func:`action_for` and :func:`actions_for`)."""
+    rule = queue_rule(g, queue, tree, report, charged)
+    found = rules[queue] = (rule, tree.min_runtime(queue, rule) if rule is not None else 0.0)
+    return found
 
 
 def actions_for(
@@ -277,12 +287,7 @@ def actions_for(
     for u in units:
         if u.id in skip or u.gang in skip_gangs or u.gang == key:
             continue
-        found = rules.get(u.queue)
-        if found is None:
-            rule = queue_rule(g, u.queue, tree, report, charged)
-            least = tree.min_runtime(u.queue, rule) if rule is not None else 0.0
-            found = rules[u.queue] = (rule, least)
-        rule, least = found
+        rule, least = rules.get(u.queue) or _rule_of(rules, g, u.queue, tree, report, charged)
         if rule is None or now - u.started < least:
             continue
         if rule == "preempt":
