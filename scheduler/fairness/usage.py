@@ -58,15 +58,22 @@ def queue_usage(snapshot: Snapshot) -> QueueUsage:
     Pods of other schedulers take node capacity but are not charged to any queue. Pods that
     cannot be placed whatever their queue's share - gated ones, and pending ones with a
     placement rule that is not supported yet or waiting for their volumes - ask for nothing.
+    A pod bound to a node the cluster no longer has holds nothing either: its node left the
+    capacity fair shares divide, and the pod is only waiting for the garbage collector
+    (orphaned pods are force-deleted a minute or so after their node goes). Charging it kept
+    a queue's share of the remaining nodes pinned until then.
     """
     allocated: defaultdict[str, dict[str, int]] = defaultdict(_zeros)
     pending: defaultdict[str, dict[str, int]] = defaultdict(_zeros)
     non_preemptible: defaultdict[str, dict[str, int]] = defaultdict(_zeros)
     gangs = snapshot.gang_by_key
+    nodes = snapshot.node_by_name
     for pod in snapshot.pods:
         if not pod.managed or not pod.active:
             continue
         if pod.bound:
+            if pod.node_name not in nodes:
+                continue
             into = allocated
         elif pod.pending and not pod.unsupported and not pod.blocked:
             into = pending

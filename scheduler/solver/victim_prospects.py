@@ -33,10 +33,11 @@ def lowest_running_priority(snapshot: Snapshot) -> dict[str, int]:
     """Queue -> the lowest priority among its running preemptible managed gangs (queues
     without any are absent): the candidates :func:`~.victims.build_units` would make."""
     gangs = snapshot.gang_by_key
+    nodes = snapshot.node_by_name
     lowest: dict[str, int] = {}
     seen: set[str] = set()
     for p in snapshot.pods:
-        if p.gang in seen or not p.node_name or not p.managed or not p.active:
+        if p.gang in seen or p.node_name not in nodes or not p.managed or not p.active:
             continue
         if p.deleting or p.nominated:
             continue

@@ -98,12 +98,14 @@ def build_units(snapshot: Snapshot) -> list[Unit]:
     # Gangs with a pod already being taken down, from the same pass (rather than a look at
     # each gang's pods afterwards: the snapshot holds every running pod of the cluster).
     deleting: set[str] = set()
+    nodes = snapshot.node_by_name
     for p in snapshot.pods:
         if p.deleting:
             if p.gang:
                 deleting.add(p.gang)
             continue
-        if p.managed and p.node_name and p.active and not p.nominated:
+        # A pod whose node is gone frees nothing when evicted (see queue_usage).
+        if p.managed and p.node_name in nodes and p.active and not p.nominated:
             running[p.gang].append(p)
     units: list[Unit] = []
     gangs = snapshot.gang_by_key

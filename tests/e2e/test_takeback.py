@@ -208,6 +208,42 @@ def test_two_queues_reclaim_to_fair_share_and_stop(
     assert status["allocatedNonPreemptible"]["gpu"] == 0  # train work is preemptible
 
 
+def test_pods_left_on_a_deleted_node_hold_no_share(
+    kai_cluster: KaiCluster, start_scheduler: StartScheduler, namespace: str, make_gpu_nodes: Any
+) -> None:
+    """Another queue tree's pods are still bound to a node that is gone (they wait for the
+    pod garbage collector, which takes about a minute). They hold nothing: b still reclaims
+    its whole fair share of the node that is left, at once. (Seen in CI: the previous test's
+    node was deleted before its pods, and reclaim stalled until PodGC removed them.)"""
+    tag, names = _one_node(kai_cluster, make_gpu_nodes, a=4, b=4)
+    old_queues, old = _queues(uuid.uuid4().hex[:6], team=8)
+    kai_cluster.apply(*old_queues)
+    orphans = []
+    for i in range(8):
+        pod = pod_manifest(f"orphan-{i}", gpus=1, labels={"app": "orphan"})
+        pod["metadata"]["labels"]["kai.scheduler/queue"] = old["team"]
+        pod["spec"]["nodeName"] = f"gone-{uuid.uuid4().hex[:8]}"  # bound, on no node
+        orphans.append(pod)
+    kai_cluster.create(*orphans, namespace=namespace)
+    sched = start_scheduler()
+    _start_app(kai_cluster, namespace, sched, _deployment("a", 8, names["a"], tag))
+    kai_cluster.create(_deployment("b", 4, names["b"], tag), namespace=namespace)
+
+    def fair() -> dict[str, dict[str, int]] | None:
+        got = _by_app(kai_cluster.pods(namespace))
+        return got if got["a"]["running"] == 4 and got["b"]["running"] == 4 else None
+
+    # Well before PodGC's orphan clean-up (40 s quarantine, then its next pass).
+    wait_for("b at its fair share", fair, timeout=30, logs=sched)
+    assert _by_app(kai_cluster.pods(namespace))["orphan"]["running"] == 8  # still there
+
+    def allocated() -> dict[str, Any] | None:
+        got = kubectl_json(kai_cluster.cp, "get", "queues.scheduling.run.ai", old["team"])
+        return (got.get("status") or {}).get("allocated")
+
+    assert float(wait_for("the old queue's status", allocated, logs=sched)["gpu"]) == 0
+
+
 def test_disruption_budget_steers_reclaim_to_another_victim(
     kai_cluster: KaiCluster, start_scheduler: StartScheduler, namespace: str, make_gpu_nodes: Any
 ) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 from hypothesis import given, settings
@@ -229,6 +229,36 @@ def test_status_allocated_and_requested() -> None:
     assert dept.allocated["gpu"] == 3000 and dept.requested["gpu"] == 6000
     assert dept.children == ("a", "b") and a.parent == "dept"
     assert a.limit["gpu"] == UNLIMITED and a.quota["gpu"] == 0
+
+
+def test_pods_on_a_deleted_node_hold_no_share() -> None:
+    """A queue whose pods are left on a node that is gone (waiting for the pod garbage
+    collector) holds nothing: the other queue's share of the remaining node is not cut."""
+    case = Case(8, [q("old", quota=8), q("new", quota=8)], {"new": 8}, {}, bound={"new": 2})
+    snap = build(case)
+    orphans = gpu_pods("old", 8, bound_to="gone", prefix="o-")
+    snap = Snapshot(
+        nodes=snap.nodes,
+        pods=snap.pods + tuple(orphans),
+        gangs=snap.gangs + gangs_of(orphans),
+        queues=snap.queues,
+    )
+    report = compute_fair_shares(snap)
+    assert report.queues["old"].allocated["gpu"] == 0
+    assert report.queues["new"].allocated["gpu"] == 2000
+    assert report.queues["new"].fair_share["gpu"] == 8000
+    # The same pods on a node that exists do hold their share.
+    kept = [replace(p, node_name="n1") for p in orphans]
+    report = compute_fair_shares(
+        Snapshot(
+            nodes=snap.nodes,
+            pods=build(case).pods + tuple(kept),
+            gangs=snap.gangs,
+            queues=snap.queues,
+        )
+    )
+    assert report.queues["old"].allocated["gpu"] == 8000
+    assert report.queues["new"].fair_share["gpu"] < 8000
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import replace
 
 from scheduler.bench.synthetic import ClusterSpec, synthetic_snapshot
 from scheduler.cluster.queue import pod_queue_usage
@@ -18,6 +19,7 @@ from scheduler.explain.reasons import _rename
 from scheduler.fairness.ordering import queue_sort_key
 from scheduler.fairness.share import QueueStatus
 from scheduler.fairness.usage import add_usage
+from scheduler.solver.victim_prospects import lowest_running_priority
 from scheduler.solver.victims import _unit, build_units
 
 RESOURCES = ("gpu", "cpu", "memory")
@@ -82,3 +84,21 @@ def test_one_pod_units_are_built_as_the_general_builder_builds_them() -> None:
         assert u == general
         assert u.nodes == general.nodes
         assert list(u.usage) == list(general.usage)
+
+
+def test_pods_on_a_deleted_node_are_no_victims() -> None:
+    """Evicting a pod whose node is gone frees nothing: it is no unit, and its queue's
+    lowest running priority does not count it."""
+    snapshot = synthetic_snapshot(ClusterSpec(60, 8, 20, 0.8, 3, 0, (50, 100), 0.5, 0.0))
+    units = build_units(snapshot)
+    assert units
+    gone = units[0].nodes
+    nodes = tuple(n for n in snapshot.nodes if n.name not in gone)
+    left = replace(snapshot, nodes=nodes)
+    remaining = build_units(left)
+    assert remaining and all(not (u.nodes & gone) for u in remaining)
+    on_gone = {u.gang for u in units if u.nodes & gone}
+    assert on_gone and on_gone.isdisjoint({u.gang for u in remaining})
+    assert lowest_running_priority(snapshot)
+    assert lowest_running_priority(replace(snapshot, nodes=())) == {}
+    assert build_units(replace(snapshot, nodes=())) == []
