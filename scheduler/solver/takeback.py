@@ -272,7 +272,13 @@ def take_back(
         for b in snapshot.budgets:
             pdb_used[b.key] += sum(1 for p in b.pod_uids if p in set(uids))
         out.assignments += assignments
-        out.waits_for[g.key] = tuple(uids)
+        # Room of pods already terminating was released above for everyone: a gang landing
+        # on their node waits for them too, as a held gang does (else it could be bound
+        # while they still hold what it was given, and the validator, which counts them
+        # until someone waits for them, would refuse the whole stage).
+        on = sorted({a.node for a in assignments})
+        waits = uids + [uid for n in on for uid in leaving.get(n, ()) if uid not in uids]
+        out.waits_for[g.key] = tuple(waits)
         out.min_evicted_gpu_milli += found.floor
         admitted.add(g.key)
         room = None

@@ -465,3 +465,34 @@ def test_gang_is_held_for_terminating_pods_instead_of_evicting_more(
     assert set(p.waits_for) == {"default/want"}
     assert set(p.waits_for["default/want"]) == {ps[0].uid for _, ps in leaving}
     assert "want" in placed(p)
+
+
+@BOTH
+def test_reclaim_next_to_a_victim_still_terminating_waits_for_it(
+    settings: PlacementSettings,
+) -> None:
+    """The cycle after a reclaim: the victim is terminating and its device is already held
+    for the gang it was evicted for. Another pending gang of the same queue reclaims on the
+    same node; it waits for the terminating pod too (whose room this stage counts as free),
+    and the plan passes the validator (it used to be refused whole: the terminating pod and
+    the held one were both counted on the node, 9 GPUs of 8)."""
+    queues = two_queues(a_quota=4, b_quota=4)
+    a = [running(f"a{i}", "a", [("n0", (i,))], started=100) for i in range(5)]
+    gx, (x,) = running("ax", "a", [("n0", (7,))], started=100)
+    b = [running(f"b{i}", "b", [("n0", (5 + i,))], started=200) for i in range(2)]
+    gf, (f,) = running("bf", "b", [("n0", (7,))], started=NOW)
+    want = make_gang("bq", 1, queue="b", gpus=1, created=NOW - 5)
+    s = snap(
+        [NODES[0]],
+        queues,
+        *a,
+        (gx, [replace(x, deleting=True)]),
+        *b,
+        (gf, [replace(f, nominated=True)]),
+        want,
+    )
+    p = run(s, settings)
+    assert "bq" in placed(p)
+    assert set(evicted_gangs(p).values()) == {"reclaim"} and len(p.evictions) == 1
+    assert x.uid in p.waits_for["default/bq"]
+    assert p.evictions[0].pod_uid in p.waits_for["default/bq"]
