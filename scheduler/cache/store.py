@@ -58,11 +58,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from scheduler.cache.budgets import BudgetIndex
+from scheduler.cache.dra_store import DRA_KIND_NAMES, StoreDra
 from scheduler.cache.grants import (
     GPU_GRANT_ANNOTATION,
     GpuGrant,
@@ -83,7 +84,6 @@ from scheduler.cache.volcano import (
     volcano_queue_from_k8s,
 )
 from scheduler.cache.volumes import VolumeIndex
-from scheduler.cluster.dracodes import CLAIM_NOT_READY
 from scheduler.cluster.gpusharing import (
     Reservation,
     ScalingPod,
@@ -121,10 +121,9 @@ from scheduler.k8s.resources import (
 )
 
 if TYPE_CHECKING:
-    from scheduler.cache.dra import DraIndex, DraKind, DraProblem
+    from scheduler.cache.dra import DraIndex
     from scheduler.cache.dra_reservations import DraReservations
     from scheduler.cluster.dra import DeviceId
-    from scheduler.cluster.draview import DraView
 
 __all__ = ["DEFAULT_ASSUME_TTL", "EVENT_TYPES", "Cache"]
 
@@ -135,8 +134,6 @@ DEFAULT_ASSUME_TTL = 30.0
 #: Seconds after a bind without an answer before the pod is read back.
 DEFAULT_UNCERTAIN_RECHECK = 2.0
 EVENT_TYPES = ("ADDED", "MODIFIED", "DELETED")
-#: The DRA kinds (``resource.k8s.io/v1``) the store hands to its :class:`DraIndex`.
-DRA_KIND_NAMES: frozenset[str] = frozenset({"DeviceClass", "ResourceSlice", "ResourceClaim"})
 
 
 @dataclass(slots=True)
@@ -268,14 +265,9 @@ class Cache:
             on_change=lambda wake: self._changed(wake=wake),
         )
         self._resolver = Resolver(default_queue)
-        #: DeviceClasses, ResourceSlices, ResourceClaims and the claim verdicts of pending
-        #: pods (:mod:`scheduler.cache.dra`); made on first use, since it loads the CEL
-        #: library and most clusters never need it.
-        self._dra: DraIndex | None = None
-        #: Parse problems of DRA objects, as Events (by (kind, key)).
-        self._dra_problems: dict[tuple[str, str], Problem] = {}
-        #: Devices chosen by commits whose claims the watch does not show allocated yet.
-        self._dra_reservations: DraReservations | None = None
+        #: DeviceClasses, ResourceSlices, ResourceClaims, the claim verdicts of pending pods
+        #: and the devices of commits in flight (:mod:`scheduler.cache.dra_store`).
+        self._dra = StoreDra()
         #: Gangs consolidation moved, admitted first until they run again (:mod:`.restoring`).
         self._restoring = RestoringGangs()
         #: GPU reservation pods (see :mod:`scheduler.cluster.gpusharing`), by namespace/name.
@@ -307,8 +299,8 @@ class Cache:
             if kind in VOLUME_KINDS:
                 self._volumes.absent = self._absent & set(VOLUME_KINDS)
                 self._volumes.everything_changed()
-            if kind in DRA_KIND_NAMES and self._dra is not None:
-                self._dra.set_absent(cast("set[DraKind]", self._absent & DRA_KIND_NAMES))
+            if kind in DRA_KIND_NAMES:
+                self._dra.set_absent(self._absent)
             self._changed()
 
     def _changed(self, *, wake: bool = True) -> None:
@@ -385,14 +377,8 @@ class Cache:
             return
         if kind in DRA_KIND_NAMES:
             self._raw[kind][key] = obj
-            if self.dra.upsert(cast("DraKind", kind), key, obj):
+            if self._dra.upsert(kind, key, obj):
                 self._changed()  # devices published, taken or freed; a verdict may change
-            self._note_dra_problem(kind, key, obj)
-            if kind == "ResourceClaim" and self._dra_reservations is not None:
-                claim = self.dra.claims.get(key)
-                if claim is not None and claim.allocation is not None:
-                    # The claim itself holds the devices now.
-                    self._dra_reservations.settle(key)
             return
         old = self._raw[kind].get(key)
         self._raw[kind][key] = obj
@@ -431,11 +417,8 @@ class Cache:
             return
         if kind in DRA_KIND_NAMES:
             self._raw[kind].pop(key, None)
-            self._dra_problems.pop((kind, key), None)
-            if self._dra is not None and self._dra.delete(cast("DraKind", kind), key):
+            if self._dra.delete(kind, key):
                 self._changed()
-            if kind == "ResourceClaim" and self._dra_reservations is not None:
-                self._dra_reservations.settle(key)
             return
         if self._raw[kind].pop(key, None) is None:
             return
@@ -501,8 +484,7 @@ class Cache:
         self._note_foreign(uid, "")
         self._host_ports.pop(uid, None)
         self._volumes.pod_removed(uid)
-        if self._dra is not None:
-            self._dra.pod_removed(uid)
+        self._dra.pod_removed(uid)
         held = self._holds.forget(uid)
         if self._pods.pop(uid, None) is not None:
             self._changed()
@@ -566,7 +548,7 @@ class Cache:
         self._budgets.pod_changed(slim)
         held = self._holds.observe(uid, pod)
         self._volumes.pod_changed(uid, record)
-        claims_changed = self._track_claims(uid, pod, obj)
+        claims_changed = self._dra.track_claims(uid, pod, obj)
         old = self._pods.get(uid)
         if claims_changed and old == record:
             self._changed()  # e.g. the claim controller named the claim made from a template
@@ -781,40 +763,7 @@ class Cache:
     def dra(self) -> DraIndex:
         """The DRA objects and the claim verdicts of pending pods (see
         :mod:`scheduler.cache.dra`); made on first use."""
-        if self._dra is None:
-            from scheduler.cache.dra import DraIndex
-
-            self._dra = DraIndex()
-            self._dra.set_absent(cast("set[DraKind]", self._absent & DRA_KIND_NAMES))
-        return self._dra
-
-    def _track_claims(self, uid: str, pod: Pod | None, obj: Mapping[str, Any]) -> bool:
-        """Keep the DRA verdict of a pending pod of ours that uses ResourceClaims; True when
-        the verdict changed."""
-        if pod is not None and pod.resource_claims and pod.managed and pod.node_name is None:
-            return self.dra.pod_changed(uid, obj)
-        if self._dra is not None:
-            return self._dra.pod_removed(uid)
-        return False
-
-    def _note_dra_problem(self, kind: str, key: str, obj: Mapping[str, Any]) -> None:
-        """Keep the parse problem of a DRA object (if any) as a :class:`Problem`, so the
-        status writer puts it on an Event naming the field; the object is left out."""
-        found: DraProblem | None = self.dra.problems.get((cast("DraKind", kind), key))
-        if found is None:
-            self._dra_problems.pop((kind, key), None)
-            return
-        meta = obj.get("metadata") or {}
-        rk = KINDS.get(kind)
-        self._dra_problems[(kind, key)] = Problem(
-            kind=kind,
-            namespace=str(meta.get("namespace") or ""),
-            name=str(meta.get("name") or ""),
-            field=found.field,
-            message=found.message,
-            uid=str(meta.get("uid") or ""),
-            api_version=rk.api_version if rk is not None else "resource.k8s.io/v1",
-        )
+        return self._dra.index
 
     @property
     def volumes(self) -> VolumeIndex:
@@ -843,52 +792,21 @@ class Cache:
             overlay=overlay,
             podgroup_api="PodGroup" not in self._absent or self._api_present(VOLCANO_PODGROUP.key),
             volumes=self._volumes.verdicts,
-            claims_waits=self._claims_waits(),
+            claims_waits=self._dra.claims_waits(),
         )
         self._resolved = (self._generation, resolution)
         return resolution
-
-    def _claims_waits(self) -> dict[str, tuple[str, str]]:
-        """Pod uid -> (code, message) for the pending pods whose ResourceClaims hold them
-        back (:class:`~scheduler.cache.dra.ClaimsWait`)."""
-        if self._dra is None:
-            return {}
-        from scheduler.cache.dra import ClaimsWait
-
-        return {
-            uid: (CLAIM_NOT_READY, v.reason)
-            for uid, v in self._dra.verdicts.items()
-            if isinstance(v, ClaimsWait)
-        }
-
-    def _dra_view(self, pods: tuple[Pod, ...]) -> tuple[tuple[Pod, ...], DraView | None]:
-        """The snapshot's DRA part (None when there is nothing about devices), and the pods
-        with the GPU-class devices of their claims counted (:mod:`scheduler.cache.dra_usage`)."""
-        if self._dra is None:
-            return pods, None
-        view = self._dra.view(self._dra.verdicts, self.dra_reserved_devices())
-        if view.empty:
-            return pods, None
-        from scheduler.cache.dra_usage import with_claim_gpus
-
-        return with_claim_gpus(pods, view), view
 
     @property
     def dra_reservations(self) -> DraReservations:
         """Devices chosen by commits whose claims the watch does not show allocated yet
         (:mod:`scheduler.cache.dra_reservations`; the commit reserves and releases them,
         a claim event settles them)."""
-        if self._dra_reservations is None:
-            from scheduler.cache.dra_reservations import DraReservations
-
-            self._dra_reservations = DraReservations()
-        return self._dra_reservations
+        return self._dra.reservations
 
     def dra_reserved_devices(self) -> frozenset[DeviceId]:
         """Devices chosen by commits whose claim status the watch does not show yet."""
-        if self._dra_reservations is None:
-            return frozenset()
-        return self._dra_reservations.devices()
+        return self._dra.reserved_devices()
 
     def snapshot(self, now: float | None = None) -> Snapshot:
         """An immutable view for one cycle, assumed pods counted as bound."""
@@ -898,7 +816,7 @@ class Cache:
         nodes = tuple(self._nodes[k] for k in sorted(self._nodes))
         if self._host_ports:  # every node has one of each host port in use
             nodes = with_host_ports(nodes, (r for rs in self._host_ports.values() for r in rs))
-        pods, dra = self._dra_view(self._held_pods(resolution))
+        pods, dra = self._dra.view(self._held_pods(resolution))
         return Snapshot(
             nodes=nodes,
             pods=pods,
@@ -1045,7 +963,7 @@ class Cache:
         """Everything currently skipped and why: unreadable pods, nodes, queues, PodGroups,
         and pending pods whose PodGroup is missing or invalid."""
         parse = [self._parse_problems[k] for k in sorted(self._parse_problems)]
-        parse += [self._dra_problems[k] for k in sorted(self._dra_problems)]
+        parse += self._dra.problems()
         return parse + self._shadowed() + list(self._resolve().problems)
 
     def raw(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
