@@ -233,6 +233,10 @@ def improve(
     base_placed: Mapping[str, Sequence[PodAssignment]] = greedy.placed
     base_admitted = admitted & {g.key for g in top}
     released = guided_better = False
+    # What ``state`` holds of this stage's and lower tiers' gangs: greedy's placement, then
+    # nothing once released, or the guided answer when it is kept (it stays applied: taking
+    # it off to put it back below cost a release and an apply per pod).
+    on_state: Sequence[PodAssignment] = greedy_list
     if relaxed is not None and relaxed.admitted and frontier is not None:
         value = admission_value(model_gangs, base_admitted, problem.report, {})
         if value < relaxed.bound:
@@ -250,11 +254,14 @@ def improve(
                 spread_devices=spread,
                 cycle=cycle,
             )
-            for a in reversed(guided.assignments):
-                state.release(a.pod_uid)
             now = set(guided.placed)
             if fixed <= now and admission_value(model_gangs, now, problem.report, {}) > value:
                 base_placed, base_admitted, guided_better = guided.placed, now, True
+                on_state = guided.assignments
+            else:
+                for a in reversed(guided.assignments):
+                    state.release(a.pod_uid)
+                on_state = ()
             log.info(
                 "guided",
                 cycle=cycle,
@@ -292,8 +299,7 @@ def improve(
     short = guided_better and deadline - time.perf_counter() < settings.time_limit_seconds / 5
     if proven or short:
         # (short: too little time left for the model to search; keep the guided answer.)
-        held = () if released else greedy_list
-        base_value = value_of(base_placed, quality=quality, held=held)
+        base_value = value_of(base_placed, quality=quality, held=on_state)
         first = CpResult(
             status="UNKNOWN",
             objective=base_value,
@@ -313,7 +319,7 @@ def improve(
             scale=scale,
         )
     if first is not None and guided_better:
-        first.baseline_objective = value_of(greedy.placed, quality=quality)
+        first.baseline_objective = value_of(greedy.placed, quality=quality, held=on_state)
     first_better = first is not None and first.usable and first.objective > first.greedy_objective
     lower_failed = settings.lower_tier_stages and any(g.key not in admitted for g in lower)
     if not first_better and not lower_failed and not guided_better:
@@ -332,13 +338,17 @@ def improve(
     try:
         book = QueueBook(snapshot.queue_tree, problem.report)
         if first_better and first is not None:
+            if guided_better:
+                for a in reversed(on_state):  # the guided answer, still applied
+                    state.release(a.pod_uid)
             out += _apply_patterns(state, first.node_pods, spread)
             now_admitted = set(first.admitted)
         else:
             now_admitted = set(base_admitted)
             for g in top:
                 for a in list(base_placed.get(g.key, []))[: len(g.required)]:
-                    state.apply(a)
+                    if not guided_better:  # the guided answer is applied already
+                        state.apply(a)
                     out.append(a)
         for g in top:
             if g.key in now_admitted:
