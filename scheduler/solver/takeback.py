@@ -94,6 +94,9 @@ def holds_claimed_devices(snapshot: Snapshot, pod: Pod) -> bool:
     made for an extended resource its node does not advertise (served by DRA)."""
     if pod.resource_claims:
         return True
+    if snapshot.dra is None:
+        # No DeviceClass, slice or claim anywhere: no extended resource is served by DRA.
+        return False
     node = snapshot.node_by_name.get(pod.node_name or "")
     return node is not None and any(
         v > 0 and is_extended_resource(r) and node.allocatable.get(r, 0) <= 0

@@ -478,3 +478,25 @@ def test_devices_with_taints_or_shared_counters_are_never_allocated() -> None:
     s1 = snap(nodes(1), [(gang, pods, [["one"]])], [published], [claim("one")])
     assignments, _ = solved(s1)
     assert devices_of(assignments) == [(DRIVER, "n0", "gpu-2")]
+
+
+def test_which_bound_pods_hold_claimed_devices() -> None:
+    """Consolidation never moves a pod holding devices through claims: its own claims, or
+    the claim made for an extended resource its node does not advertise. Without any DRA
+    object in the cluster no extended resource is served by DRA, so such a pod holds none
+    (a shortcut the take-back stage takes for every running pod of a cycle)."""
+    from scheduler.solver.takeback import holds_claimed_devices
+
+    node = make_node("n0", gpus=0)
+    own = dataclasses.replace(make_pod("own", node="n0"), resource_claims=1)
+    plain = make_pod("plain", node="n0")
+    extended = dataclasses.replace(
+        plain, uid="uid-ext", name="ext", requests=plain.requests + Resources({"example.com/x": 1})
+    )
+    without_dra = Snapshot(nodes=(node,), pods=(own, plain, extended))
+    with_dra = dataclasses.replace(without_dra, dra=DraView.build(classes=[CLASS]))
+    assert holds_claimed_devices(without_dra, own) and holds_claimed_devices(with_dra, own)
+    assert not holds_claimed_devices(without_dra, plain)
+    assert not holds_claimed_devices(with_dra, plain)
+    assert holds_claimed_devices(with_dra, extended)
+    assert not holds_claimed_devices(without_dra, extended)
