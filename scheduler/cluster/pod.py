@@ -13,10 +13,10 @@ from scheduler.cluster.podaffinity import (
     Preferences,
     SpreadConstraint,
 )
-from scheduler.cluster.resources import Resources
+from scheduler.cluster.resources import CPU, GPU, MEMORY, Resources
 from scheduler.cluster.selectors import NodeSelectorTerm, Toleration, node_accepts
 
-__all__ = ["ContainerExtended", "GpuRequest", "Pod", "PodPhase"]
+__all__ = ["ContainerExtended", "GpuRequest", "Pod", "PodPhase", "queue_usage_of"]
 
 
 class PodPhase(StrEnum):
@@ -181,6 +181,12 @@ class Pod(_PodMemo):
     #: it through DRA (:mod:`scheduler.cluster.dra_extended`).
     extended_containers: tuple[ContainerExtended, ...] = ()
 
+    def __post_init__(self) -> None:
+        # What the pod counts against its queue, once per pod object: every cycle reads it
+        # for every pod (fair shares, validators, taking back). Made here, it is paid when
+        # the cache parses a pod's change, not by the first cycle to read it.
+        object.__setattr__(self, "_queue_usage", queue_usage_of(self))
+
     @property
     def key(self) -> str:
         """``namespace/name``."""
@@ -266,3 +272,20 @@ class Pod(_PodMemo):
     def accepts(self, node: Node) -> bool:
         """True when taints, nodeSelector and required affinity allow ``node``."""
         return node_accepts(node, self.tolerations, self.node_selector, self.affinity)
+
+
+def queue_usage_of(pod: Pod) -> tuple[int, int, int]:
+    """(gpu thousandths, cpu milli, memory bytes) the pod counts against its queue (see
+    :func:`scheduler.cluster.queue.pod_usage_triple`)."""
+    if pod.gpu_grant:
+        gpu = sum(m for _, m in pod.gpu_grant)
+    elif pod.gpu is not None and pod.gpu.memory_mib is None:
+        gpu = pod.gpu.total_milli
+    elif pod.gpu is not None:
+        gpu = pod.gpu.count * GPU_MILLI  # memory-sized share of unknown node: assume a device
+    else:
+        gpu = pod.requests.get(GPU) * GPU_MILLI
+    # GPU-class devices of its ResourceClaims count as whole GPUs (see Pod.claim_gpus).
+    gpu += pod.claim_gpus * GPU_MILLI
+    requests = pod.requests
+    return (gpu, requests.get(CPU), requests.get(MEMORY))

@@ -13,9 +13,7 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from scheduler.cluster.node import GPU_MILLI
-from scheduler.cluster.pod import Pod
-from scheduler.cluster.resources import CPU, GPU, MEMORY
+from scheduler.cluster.pod import Pod, queue_usage_of
 
 __all__ = [
     "QUEUE_RESOURCES",
@@ -25,6 +23,7 @@ __all__ = [
     "QueueResource",
     "QueueTree",
     "pod_queue_usage",
+    "pod_usage_triple",
 ]
 
 UNLIMITED = -1
@@ -83,30 +82,18 @@ class QueueFinding:
 
 def pod_queue_usage(pod: Pod) -> dict[str, int]:
     """What a pod counts against its queue, in queue units (gpu milli, cpu milli, bytes)."""
-    # Asked of every pod several times a cycle (fair shares, validators, taking back), and
-    # pods are immutable: the numbers are kept on the pod; each caller gets its own dict.
+    gpu, cpu, memory = pod_usage_triple(pod)
+    return {"gpu": gpu, "cpu": cpu, "memory": memory}
+
+
+def pod_usage_triple(pod: Pod) -> tuple[int, int, int]:
+    """:func:`pod_queue_usage` as (gpu, cpu, memory), the order of ``QUEUE_RESOURCES``.
+
+    A :class:`Pod` computes it when it is made (it is immutable); loops over every pod use
+    this form: a dict per pod, built and read back, was most of their cost.
+    """
     known: tuple[int, int, int] | None = getattr(pod, "_queue_usage", None)
-    if known is not None:
-        return {"gpu": known[0], "cpu": known[1], "memory": known[2]}
-    use = _pod_queue_usage(pod)
-    if isinstance(pod, Pod):
-        object.__setattr__(pod, "_queue_usage", (use["gpu"], use["cpu"], use["memory"]))
-    return use
-
-
-def _pod_queue_usage(pod: Pod) -> dict[str, int]:
-    if pod.gpu_grant:
-        gpu = sum(m for _, m in pod.gpu_grant)
-    elif pod.gpu is not None and pod.gpu.memory_mib is None:
-        gpu = pod.gpu.total_milli
-    elif pod.gpu is not None:
-        gpu = pod.gpu.count * GPU_MILLI  # memory-sized share of unknown node: assume a device
-    else:
-        gpu = pod.requests.get(GPU) * GPU_MILLI
-    # GPU-class devices of its ResourceClaims count as whole GPUs (see Pod.claim_gpus).
-    gpu += pod.claim_gpus * GPU_MILLI
-    requests = pod.requests
-    return {"gpu": gpu, "cpu": requests.get(CPU), "memory": requests.get(MEMORY)}
+    return known if known is not None else queue_usage_of(pod)
 
 
 @dataclass(frozen=True)

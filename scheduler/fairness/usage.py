@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from scheduler.cluster.gang import Gang
 from scheduler.cluster.pod import Pod
-from scheduler.cluster.queue import QUEUE_RESOURCES, pod_queue_usage
+from scheduler.cluster.queue import QUEUE_RESOURCES, pod_usage_triple
 from scheduler.cluster.snapshot import Snapshot
 
 __all__ = [
@@ -81,8 +81,7 @@ def queue_usage(snapshot: Snapshot) -> QueueUsage:
             continue
         gang = gangs.get(pod.gang)  # pod_queue, inlined: this loop sees every pod
         queue = gang.queue if gang is not None else pod.queue
-        use = pod_queue_usage(pod)
-        gpu, cpu, memory = use["gpu"], use["cpu"], use["memory"]
+        gpu, cpu, memory = pod_usage_triple(pod)
         row = into[queue]
         row["gpu"] += gpu
         row["cpu"] += cpu
@@ -111,8 +110,8 @@ def gang_request(pods: Iterable[Pod]) -> dict[str, int]:
     # add_usage per pod, written out: asked for every pending gang in every cycle.
     gpu = cpu = memory = 0
     for p in pods:
-        use = pod_queue_usage(p)
-        gpu += use["gpu"]
-        cpu += use["cpu"]
-        memory += use["memory"]
+        g, c, m = pod_usage_triple(p)
+        gpu += g
+        cpu += c
+        memory += m
     return {"gpu": gpu, "cpu": cpu, "memory": memory}  # QUEUE_RESOURCES, in order

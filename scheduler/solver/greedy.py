@@ -25,7 +25,7 @@ import structlog
 
 from scheduler.cluster.dracodes import DEVICES_UNAVAILABLE
 from scheduler.cluster.pod import Pod
-from scheduler.cluster.queue import QUEUE_RESOURCES, pod_queue_usage
+from scheduler.cluster.queue import pod_queue_usage, pod_usage_triple
 from scheduler.explain.codes import POD_AFFINITY, POD_ANTI_AFFINITY, TOPOLOGY_SPREAD
 from scheduler.explain.topology import reason_code
 from scheduler.framework.filters import (
@@ -83,8 +83,7 @@ def fit_key(pod: Pod) -> ShapeKey:
 
 def pod_size(pod: Pod) -> tuple[int, int, int]:
     """Sort key: GPU thousandths, CPU, memory (largest placed first)."""
-    use = pod_queue_usage(pod)
-    return (use["gpu"], use["cpu"], use["memory"])
+    return pod_usage_triple(pod)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,11 +108,14 @@ class GangRequest:
 
     def __post_init__(self) -> None:
         if not self.ask:
-            total = dict.fromkeys(QUEUE_RESOURCES, 0)
+            gpu = cpu = memory = 0
             for p in self.required:
-                for r, v in pod_queue_usage(p).items():
-                    total[r] += v
-            object.__setattr__(self, "ask", total)
+                g, c, m = pod_usage_triple(p)
+                gpu += g
+                cpu += c
+                memory += m
+            # QUEUE_RESOURCES, in order
+            object.__setattr__(self, "ask", {"gpu": gpu, "cpu": cpu, "memory": memory})
 
 
 @dataclass

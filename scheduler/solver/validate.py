@@ -22,7 +22,13 @@ import networkx as nx
 
 from scheduler.cluster.node import GPU_MILLI, Node
 from scheduler.cluster.pod import Pod
-from scheduler.cluster.queue import QUEUE_RESOURCES, UNLIMITED, QueueTree, pod_queue_usage
+from scheduler.cluster.queue import (
+    QUEUE_RESOURCES,
+    UNLIMITED,
+    QueueTree,
+    pod_queue_usage,
+    pod_usage_triple,
+)
 from scheduler.cluster.resources import GPU, PODS
 from scheduler.cluster.snapshot import Snapshot, bound_usage
 from scheduler.solver.placement import PodAssignment
@@ -492,10 +498,14 @@ def _running_usage(snapshot: Snapshot) -> tuple[_Usage, _Usage]:
         queue = gang.queue if gang is not None else p.queue  # _queue_of, inlined
         row = by_leaf[queue]
         np_row = np_by_leaf[queue] if gang is not None and not gang.preemptible else None
-        for r, v in pod_queue_usage(p).items():
-            row[r] += v
-            if np_row is not None:
-                np_row[r] += v
+        gpu, cpu, memory = pod_usage_triple(p)
+        row["gpu"] += gpu
+        row["cpu"] += cpu
+        row["memory"] += memory
+        if np_row is not None:
+            np_row["gpu"] += gpu
+            np_row["cpu"] += cpu
+            np_row["memory"] += memory
     _running_cache = (weakref.ref(snapshot), by_leaf, np_by_leaf)
     return by_leaf, np_by_leaf
 
