@@ -22,7 +22,15 @@ from scheduler.explain.capacity import (
 from scheduler.explain.codes import INSUFFICIENT_ON_ONE_NODE, NODE_TOO_SMALL
 from scheduler.explain.format import format_amount, format_bytes, format_gpus
 
-__all__ = ["emptied", "free_pod_slots", "gang_shortfall", "pack", "pack_group", "pod_misfit"]
+__all__ = [
+    "emptied",
+    "first_fit_decreasing",
+    "free_pod_slots",
+    "gang_shortfall",
+    "pack",
+    "pack_group",
+    "pod_misfit",
+]
 
 
 def _value(resource: str, value: int) -> str:
@@ -264,9 +272,34 @@ def emptied(shapes: Mapping[Shape, int]) -> Counter[Shape]:
     return out
 
 
+def _one_per_node_fits(group: Sequence[Pod], shapes: Mapping[Shape, int]) -> bool:
+    """True when the pods of ``group`` are all alike and at least as many nodes as there are
+    pods take one each: first-fit decreasing then places them all (each pod touches one
+    node, so while pods are left some node that takes one is untouched), without running
+    it. Most gangs are alike pods, and most fit the cluster as it was before a cycle (which
+    the explainer asks of every gang the cycle's placements crowded out)."""
+    if not group:
+        return True
+    first = group[0]
+    if any(p.requests != first.requests or p.gpu != first.gpu for p in group):
+        return False
+    need = len(group)
+    for s, n in shapes.items():
+        if n > 0 and pod_fits(first, s):
+            need -= n
+            if need <= 0:
+                return True
+    return False
+
+
 def pack_group(group: Sequence[Pod], shapes: Mapping[Shape, int]) -> bool:
     """True when first-fit decreasing (onto the fullest node that fits) places every pod of
     ``group`` on nodes of ``shapes`` (shape -> how many nodes)."""
+    return _one_per_node_fits(group, shapes) or first_fit_decreasing(group, shapes)
+
+
+def first_fit_decreasing(group: Sequence[Pod], shapes: Mapping[Shape, int]) -> bool:
+    """:func:`pack_group`'s answer, by running first-fit decreasing."""
     work = Counter(shapes)
     # The pods of a group mostly share their size, and a shape's answer stays the same while
     # it is in ``work``: fits and rooms are remembered per (pod size, shape), the shape known
