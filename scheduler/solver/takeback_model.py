@@ -346,6 +346,9 @@ def solve_gang(
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.05, time_limit)
     solver.parameters.num_workers = max(1, workers)
+    # No probing in presolve: on the 5,000-node benchmark's take-back models it was about a
+    # third of each solve (13 ms against 20), and the optima found were the same.
+    solver.parameters.cp_model_probing_level = 0
     status = solver.solve(model)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         choice = Choice(
