@@ -42,7 +42,7 @@ from typing import Any
 import structlog
 
 from scheduler.cache import Cache
-from scheduler.cluster import CPU, GPU, PODS, GpuRequest, Node, Pod, Queue, Resources, Snapshot
+from scheduler.cluster import Snapshot
 from scheduler.cluster.gang import Gang
 from scheduler.cluster.queuespec import SpecError, parse_duration
 from scheduler.commit import LiveBackend
@@ -58,7 +58,7 @@ from scheduler.k8s.resources import VOLCANO_KINDS, WATCHED_KINDS
 from scheduler.k8s.watch import Watcher
 from scheduler.k8s.writer import EventLimiter, Writer
 from scheduler.metrics import SchedulerMetrics
-from scheduler.solver import PlacementSettings, solve
+from scheduler.solver.warm import warm_up
 
 __all__ = ["Scheduler", "run"]
 
@@ -461,31 +461,6 @@ def _install_signals(stop: asyncio.Event) -> Callable[[], None]:
             loop.remove_signal_handler(sig)
 
     return remove
-
-
-def warm_up(settings: PlacementSettings) -> None:
-    """Solve a one-pod cluster once, before the loop serves anything.
-
-    The first solve of a process pays one-time set-up (importing OR-Tools, which is deferred
-    until a model is built, and its initialisation: 25 ms against 3 ms for the next solve on
-    an idle core); paying it here, while the watches list, keeps it out of the first cycle.
-    """
-    started = time.monotonic()
-    node = Node("warm-up", Resources({CPU: 1000, GPU: 1, PODS: 1}))
-    pod = Pod(
-        "warm-up",
-        "warm-up",
-        "p",
-        Resources({CPU: 100, GPU: 1}),
-        gpu=GpuRequest(1),
-        gang="warm-up/p",
-        queue="q",
-    )
-    snapshot = Snapshot(
-        nodes=(node,), pods=(pod,), gangs=(Gang("warm-up", "p", queue="q"),), queues=(Queue("q"),)
-    )
-    placement = solve(snapshot, settings)
-    log.debug("warmed_up", seconds=round(time.monotonic() - started, 3), status=placement.status)
 
 
 async def run(config: SchedulerConfig, client: ClientSettings, service: ServiceSettings) -> int:
