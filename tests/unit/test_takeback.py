@@ -496,3 +496,36 @@ def test_reclaim_next_to_a_victim_still_terminating_waits_for_it(
     assert set(evicted_gangs(p).values()) == {"reclaim"} and len(p.evictions) == 1
     assert x.uid in p.waits_for["default/bq"]
     assert p.evictions[0].pod_uid in p.waits_for["default/bq"]
+
+
+def test_first_gang_is_tried_even_when_building_units_spends_the_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Building the victim units counts toward the stage's budget; on a cluster where that
+    alone takes the whole budget, the first gang is still tried (taking back never stalls)."""
+    import scheduler.solver.takeback as takeback
+
+    monkeypatch.setattr(takeback, "MIN_BUDGET_SECONDS", 0.0)
+    real_build = takeback.build_units
+
+    def slow_build(snapshot: Snapshot) -> list[object]:
+        units = real_build(snapshot)
+        deadline = takeback.time.perf_counter() + 0.05
+        while takeback.time.perf_counter() < deadline:  # longer than the whole budget
+            pass
+        return units  # type: ignore[return-value]
+
+    monkeypatch.setattr(takeback, "build_units", slow_build)
+    queues = [
+        make_queue("root"),
+        make_queue("a", "root", gpu_quota=16),
+        make_queue("b", "root", gpu_quota=0, gpu_weight=0),
+    ]
+    first = make_gang("hi-a", 1, queue="a", gpus=4, priority=75, created=NOW - 2)
+    second = make_gang("hi-a2", 1, queue="a", gpus=4, priority=75, created=NOW - 1)
+    settings = PlacementSettings(greedy_only=True, time_limit_seconds=0.001)
+    p = run(snap(NODES, queues, *full_of_a(priority=50), first, second), settings)
+    assert "hi-a" in placed(p)
+    assert set(evicted_gangs(p).values()) == {"preempt"}
+    # The budget was spent before the first gang: no second gang was started.
+    assert "hi-a2" not in placed(p)
