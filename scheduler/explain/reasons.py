@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING
 from scheduler.cluster.gang import Gang
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.podaffinity import PodAffinityTerm
-from scheduler.cluster.queue import pod_queue_usage
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.explain.capacity import FreeCapacity, Matching, Rules, pod_rules
 from scheduler.explain.codes import (
@@ -58,7 +57,7 @@ from scheduler.explain.topology import REASON_CODES, TopologyExplainer
 from scheduler.fairness.admission import queue_admission_problem
 from scheduler.fairness.findings import queue_problem
 from scheduler.fairness.share import FairShareReport
-from scheduler.fairness.usage import gang_need, gang_request, pending_pods, pod_queue
+from scheduler.fairness.usage import gang_need, gang_request, pending_pods
 
 if TYPE_CHECKING:
     # Type only: scheduler.solver imports this package, so a runtime import would be circular.
@@ -120,17 +119,18 @@ class _Explainer:
         self.placed_in: Counter[str] = Counter()
         by_uid = snapshot.pod_by_uid
         # The same charges the solver's queue book made when it admitted the pods.
-        charges: list[tuple[str, dict[str, int], bool]] = []
+        charges: list[tuple[str, Pod, bool]] = []
+        gangs = snapshot.gang_by_key
         for a in assignments:
             pod = by_uid.get(a.pod_uid)
             if pod is None:
                 continue
-            queue = pod_queue(snapshot, pod)
-            self.placed_in[queue] += 1
-            gang = snapshot.gang_by_key.get(pod.gang)
-            charges.append((queue, pod_queue_usage(pod), gang is None or gang.preemptible))
+            gang = gangs.get(pod.gang)
+            queue = gang.queue if gang is not None else pod.queue  # pod_queue, inlined
+            charges.append((queue, pod, gang is None or gang.preemptible))
+        self.placed_in.update(queue for queue, _, _ in charges)
         book = QueueBook(self.tree, report)
-        book.charge_many(charges)
+        book.charge_pods(charges)
         self.charged: dict[str, dict[str, int]] = book.charged
         self.pinned: dict[str, dict[str, int]] = book.pinned  # non-preemptible part
         self._fit_cache: dict[tuple[object, ...], tuple[tuple[str, str] | None, str]] = {}

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from scheduler.cluster.queue import QUEUE_RESOURCES, QueueTree
+from scheduler.cluster.pod import Pod
+from scheduler.cluster.queue import QUEUE_RESOURCES, QueueTree, pod_usage_triple
 from scheduler.fairness import FairShareReport, queue_admission_problem
 
 __all__ = ["QueueBook"]
@@ -62,3 +63,19 @@ class QueueBook:
                 row[r] += usage.get(r, 0)
         for (queue, preemptible), total in per_leaf.items():
             self.charge(queue, total, preemptible=preemptible)
+
+    def charge_pods(self, charges: Iterable[tuple[str, Pod, bool]]) -> None:
+        """:meth:`charge_many` of (queue, pod, preemptible): each pod's own queue usage,
+        summed as tuples (a cycle charges every pod it placed: no dict per pod)."""
+        per_leaf: dict[tuple[str, bool], list[int]] = {}
+        for queue, pod, preemptible in charges:
+            gpu, cpu, memory = pod_usage_triple(pod)
+            row = per_leaf.get((queue, preemptible))
+            if row is None:
+                per_leaf[queue, preemptible] = [gpu, cpu, memory]
+            else:
+                row[0] += gpu
+                row[1] += cpu
+                row[2] += memory
+        for (queue, preemptible), (gpu, cpu, memory) in per_leaf.items():
+            self.charge(queue, {"gpu": gpu, "cpu": cpu, "memory": memory}, preemptible=preemptible)

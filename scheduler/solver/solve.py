@@ -41,7 +41,6 @@ from functools import partial
 import structlog
 
 from scheduler.cluster.dracodes import DEVICES_UNAVAILABLE
-from scheduler.cluster.queue import pod_queue_usage
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.explain.codes import POD_AFFINITY, POD_ANTI_AFFINITY, TOPOLOGY_SPREAD
 from scheduler.fairness import FairShareReport, compute_fair_shares
@@ -371,11 +370,10 @@ def _take_back(
     book = QueueBook(snapshot.queue_tree, problem.report)
     gangs = snapshot.gang_by_key
     pods = snapshot.pod_by_uid
-    usage = [(a.gang, pod_queue_usage(pods[a.pod_uid])) for a in assignments]
-    book.charge_many(
-        (gang.queue, ask, gang.preemptible)
-        for key, ask in usage
-        if (gang := gangs.get(key)) is not None
+    book.charge_pods(
+        (gang.queue, pods[a.pod_uid], gang.preemptible)
+        for a in assignments
+        if (gang := gangs.get(a.gang)) is not None
     )
     admitted = {a.gang for a in assignments}
     try:
