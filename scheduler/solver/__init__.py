@@ -17,8 +17,9 @@ Public API:
   pods); pass a :class:`~scheduler.solver.queues.QueueBook` to enforce queue limits/quota.
 - Scorers: any :class:`scheduler.framework.NodeScorer` (``solve(..., scorer=...)`` or
   ``place_gangs(state, gangs, scorer)``); default
-  :class:`scheduler.plugins.packing.PackingScorer` (binpack/spread). With a custom scorer
-  CP-SAT still decides admission but no longer overrides placement quality.
+  :class:`scheduler.plugins.packing.PackingScorer` (binpack/spread). CP-SAT's quality term
+  is the scorer's own measure (binpack/spread, or fragmentation: :mod:`.quality`); with any
+  other scorer CP-SAT decides admission but no longer overrides placement quality.
 
 Objective and bound: :attr:`Placement.objective` is the first stage's value (the highest
 priority where greedy left a gang out) in the scale of :class:`~.cpsat.Scale`;
@@ -26,10 +27,11 @@ priority where greedy left a gang out) in the scale of :class:`~.cpsat.Scale`;
 relaxation of the real problem (:mod:`.bound`), not from the pattern-capped model.
 
 Modules: ``state`` (ClusterState, classes), ``greedy``, ``patterns`` (node patterns and the
-canonical packer), ``rows`` (queue and fair-share rows shared by the models), ``cpsat`` (the
-model), ``bound`` (the relaxation and its bound), ``guided`` (a relaxation-guided greedy
-answer), ``hybrid`` (stages by priority), ``validate`` (independent), ``problem``,
-``queues``, ``solve`` (the pipeline and the objective order).
+canonical packer), ``rows`` (queue and fair-share rows shared by the models), ``quality``
+(the model's node cost), ``cpsat`` (the model), ``bound`` (the relaxation and its bound),
+``guided`` (a relaxation-guided greedy answer), ``hybrid`` (stages by priority),
+``validate`` (independent), ``problem``, ``queues``, ``solve`` (the pipeline and the
+objective order).
 """
 
 from scheduler.solver.greedy import GangRequest, GreedyResult, place_gangs

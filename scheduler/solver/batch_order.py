@@ -22,6 +22,10 @@ cached, so it costs a fraction of it (measured on openb replays at batch 64: 0.0
 :data:`MAX_BATCH_GANGS` gangs, so what it adds to a cycle is bounded, and it depends on the
 batch, not on the machine's load (a replay gives the same answer on a busy machine). With
 any other scorer (``packing``, the default) :func:`better_batch` returns at once.
+
+The answer kept is the hint of the CP-SAT stage, whose quality term is the same measure
+over the states its node patterns leave (:class:`scheduler.solver.quality.FragmentationQuality`),
+so the model can go on where the two orders stop: any mix of the batch's pods per node.
 """
 
 from __future__ import annotations

@@ -19,8 +19,10 @@ by the remaining fair share and the admitted work.
 
 Objective (maximise, lexicographic by integer weights; numbers in
 :class:`ObjectiveWeights`): ``K_A * (K_F * sum f + sum w_g y_g) + Q_off - sum dq z``,
-i.e. fairness, then admitted work, then placement quality (``dq`` = change of
-:func:`scheduler.plugins.packing.node_cost`, ``Q_off`` keeps the value non-negative).
+i.e. fairness, then admitted work, then placement quality (``dq`` = change of the node
+cost of :mod:`scheduler.solver.quality` from the class's state to the one pattern ``p``
+leaves: binpack/spread, or the fragmentation scorer's measure; ``Q_off`` keeps the value
+non-negative). Summed over nodes, it measures what the whole batch leaves free.
 
 CP-SAT's own best bound is a bound of *this* model only: patterns are enumerated up to a
 cap per class, so it does not bound placements that need a pattern left out. The reported
@@ -54,9 +56,10 @@ import structlog
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.queue import QueueTree
 from scheduler.fairness import FairShareReport
-from scheduler.plugins.packing import MAX_NODE_COST, Strategy, node_cost
+from scheduler.plugins.packing import MAX_NODE_COST, Strategy
 from scheduler.solver.greedy import pod_size, shape_key
 from scheduler.solver.patterns import ClassInfo, Pattern, PatternSet, enumerate_patterns, pack
+from scheduler.solver.quality import NodeQuality
 from scheduler.solver.rows import (
     UNITS,
     ModelGang,
@@ -88,9 +91,10 @@ class Scale:
     """The reported objective of a stage, in a scale that does not depend on the patterns.
 
     ``value = K * admission + Q - quality_change`` with ``N`` the nodes that can change
-    (those of the model, at most one per pod of the stage), ``Q = MAX_NODE_COST * N`` and
-    ``K = 2 * Q + 1``: a node's cost change lies in
-    ``[-MAX_NODE_COST, MAX_NODE_COST]``, so the quality part stays in ``[0, 2Q]`` and one
+    (those of the model, at most one per pod of the stage), ``S`` the largest span of the
+    quality measure on the model's nodes (:meth:`~scheduler.solver.quality.NodeQuality.span`;
+    ``MAX_NODE_COST`` for binpack/spread), ``Q = S * N`` and ``K = 2 * Q + 1``: a node's
+    cost change lies in ``[-S, S]``, so the quality part stays in ``[0, 2Q]`` and one
     unit of admission outweighs any quality change. ``admission`` is ``K_F * f + work``
     as in the model.
 
@@ -111,10 +115,8 @@ class Scale:
     def of(
         cls,
         classes: Sequence[ClassInfo],
-        gpu: Strategy,
-        cpu: Strategy,
+        quality: NodeQuality | None,
         *,
-        quality: bool,
         exact: Sequence[ClassInfo] = (),
         pods: int | None = None,
     ) -> Scale:
@@ -127,10 +129,9 @@ class Scale:
         changed = total if pods is None else min(pods, total)
 
         def drop_of(of: Sequence[ClassInfo]) -> int:
-            costs = sorted(
-                ((node_cost(c.node, c.free, c.gpu_free, gpu, cpu), len(c.members)) for c in of),
-                reverse=True,
-            )
+            assert quality is not None
+            each = quality.node_costs([(c.node, (c.free, c.gpu_free)) for c in of])
+            costs = sorted(zip(each, (len(c.members) for c in of), strict=True), reverse=True)
             out, left = 0, changed
             for cost, count in costs:
                 take = min(left, count)
@@ -140,7 +141,8 @@ class Scale:
                     break
             return out
 
-        offset = MAX_NODE_COST * changed
+        span = max((quality.span(c.node) for c in classes), default=0) if quality else 0
+        offset = max(MAX_NODE_COST, span) * changed
         drop = max(drop_of(classes), drop_of(exact)) if quality else 0
         return cls(2 * offset + 1, offset, drop)
 
@@ -189,11 +191,10 @@ def optimize(
     tree: QueueTree,
     report: FairShareReport,
     gpu_strategy: Strategy,
-    cpu_strategy: Strategy,
     time_limit: float,
     workers: int,
     pattern_cap: int = 48,
-    quality: bool = True,
+    quality: NodeQuality | None = None,
     presolve: bool = False,
     charged: Mapping[str, Mapping[str, int]] | None = None,
     pinned: Mapping[str, Mapping[str, int]] | None = None,
@@ -203,10 +204,10 @@ def optimize(
 ) -> CpResult | None:
     """Build and solve the model; None when the greedy hint cannot be expressed in it.
 
-    ``quality=False`` drops the placement-quality term (used when the greedy ranks nodes
-    with a custom scorer whose notion of quality the model does not share). ``charged`` is
-    queue usage already admitted earlier in this cycle (by higher-priority stages), ``pinned``
-    its non-preemptible part.
+    ``quality`` is the placement-quality measure (:mod:`scheduler.solver.quality`); None
+    drops the term (a greedy scorer whose notion of quality the model does not share).
+    ``charged`` is queue usage already admitted earlier in this cycle (by higher-priority
+    stages), ``pinned`` its non-preemptible part.
     ``admit_bound`` is an upper bound of the admission value over every valid placement
     (from :func:`scheduler.solver.bound.admission_bound`); the reported ``bound`` is
     derived from it (:class:`Scale`), 0 when it is not given (unknown).
@@ -260,7 +261,7 @@ def optimize(
             demand,
             list(hint_z[ci]),
             gpu=gpu_strategy,
-            cpu=cpu_strategy,
+            quality=quality,
             cap=pattern_cap,
         )
         missing = set(hint_z[ci]) - set(ps.patterns)
@@ -357,7 +358,7 @@ def optimize(
     greedy_admit = weights.fair * sum(hint_f) + sum(
         gangs[i].work for i in free_idx if gangs[i].request.key in hint_admitted
     )
-    scale = scale or Scale.of(classes, gpu_strategy, cpu_strategy, quality=quality)
+    scale = scale or Scale.of(classes, quality)
     greedy_objective = scale.value(greedy_admit, greedy_quality)
     log.debug(
         "cpsat_weights",

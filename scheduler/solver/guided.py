@@ -20,15 +20,15 @@ from scheduler.cluster.resources import CPU
 from scheduler.fairness import FairShareReport
 from scheduler.framework.filters import node_rules_allow
 from scheduler.framework.scoring import NodeScorer
-from scheduler.plugins.packing import node_cost
 from scheduler.solver.cpsat import ModelGang, Scale
 from scheduler.solver.greedy import GangRequest, GreedyResult, place_gangs, pod_size
-from scheduler.solver.placement import PlacementSettings, PodAssignment
+from scheduler.solver.placement import PodAssignment
+from scheduler.solver.quality import NodeQuality
 from scheduler.solver.queues import QueueBook
 from scheduler.solver.rows import admission_value
 from scheduler.solver.state import ClusterState
 
-__all__ = ["guided_order", "place_guided", "stage_value"]
+__all__ = ["guided_order", "place_guided", "quality_change", "stage_value"]
 
 
 def _flexibility(state: ClusterState) -> Callable[[Pod], int]:
@@ -101,42 +101,53 @@ def stage_value(
     top: Sequence[GangRequest],
     model_gangs: Sequence[ModelGang],
     report: FairShareReport,
-    settings: PlacementSettings,
     scale: Scale,
     placed: Mapping[str, Sequence[PodAssignment]],
     *,
-    quality: bool,
+    quality: NodeQuality | None,
     held: Sequence[PodAssignment] = (),
 ) -> int:
     """The first stage's value (:class:`~scheduler.solver.cpsat.Scale`) of ``placed``: the
     required pods of ``top`` gangs measured on the real nodes of ``state``. ``held`` are the
     assignments ``state`` holds now (taken off again for the measure)."""
+    return scale.value(
+        admission_value(model_gangs, {g.key for g in top if g.key in placed}, report, {}),
+        quality_change(state, top, placed, quality, held) if quality is not None else 0,
+    )
+
+
+def quality_change(
+    state: ClusterState,
+    top: Sequence[GangRequest],
+    placed: Mapping[str, Sequence[PodAssignment]],
+    quality: NodeQuality,
+    held: Sequence[PodAssignment] = (),
+) -> int:
+    """Change of ``quality``'s cost over the real nodes of ``state`` that the required pods
+    of ``top`` gangs in ``placed`` land on, from the state without ``held`` (what
+    ``state`` holds now) to that state plus them."""
+    required = {g.key: len(g.required) for g in top}
+    by_node: dict[str, list[PodAssignment]] = {}
+    for key, pods in placed.items():
+        for a in list(pods)[: required.get(key, 0)]:
+            by_node.setdefault(a.node, []).append(a)
+    on_node: dict[str, list[PodAssignment]] = {}
+    for a in held:
+        if a.node in by_node:
+            on_node.setdefault(a.node, []).append(a)
     change = 0
-    if quality:
-        required = {g.key: len(g.required) for g in top}
-        by_node: dict[str, list[PodAssignment]] = {}
-        for key, pods in placed.items():
-            for a in list(pods)[: required.get(key, 0)]:
-                by_node.setdefault(a.node, []).append(a)
-        on_node: dict[str, list[PodAssignment]] = {}
-        for a in held:
-            if a.node in by_node:
-                on_node.setdefault(a.node, []).append(a)
-        g, c = settings.gpu_strategy, settings.cpu_strategy
-        for name, here in by_node.items():
-            slot = state.nodes[name]
-            gpu, cpu = list(slot.gpu_free), slot.free.get(CPU, 0)
-            for a in on_node.get(name, ()):
+    for name, here in by_node.items():
+        slot = state.nodes[name]
+        states = []
+        free, gpu = dict(slot.free), list(slot.gpu_free)
+        for group, sign in ((on_node.get(name, ()), 1), (here, -1)):
+            for a in group:
                 demand = state.demand(state.pods[a.pod_uid], name)
-                cpu += demand.requests.get(CPU, 0) if demand else 0
+                for r, v in demand.requests.items() if demand else ():
+                    free[r] = free.get(r, 0) + sign * v
                 for i, m in a.gpu_grant:
-                    gpu[i] += m
-            before = node_cost(slot.node, {CPU: cpu}, gpu, g, c)
-            for a in here:
-                demand = state.demand(state.pods[a.pod_uid], name)
-                cpu -= demand.requests.get(CPU, 0) if demand else 0
-                for i, m in a.gpu_grant:
-                    gpu[i] -= m
-            change += node_cost(slot.node, {CPU: cpu}, gpu, g, c) - before
-    admitted = {g.key for g in top if g.key in placed}
-    return scale.value(admission_value(model_gangs, admitted, report, {}), change)
+                    gpu[i] += sign * m
+            states.append((dict(free), list(gpu)))
+        before, after = quality.costs(slot.node, states)
+        change += after - before
+    return change

@@ -31,7 +31,7 @@ from scheduler.cluster.resources import CPU, MEMORY
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.framework.scoring import NodeScorer
 from scheduler.plugins.packing import PackingScorer
-from scheduler.solver.bound import admission_bound
+from scheduler.solver.bound import Relaxation, admission_bound
 from scheduler.solver.cpsat import UNITS, CpResult, ModelGang, Scale, optimize, work_units
 from scheduler.solver.greedy import (
     NO_FIT,
@@ -44,10 +44,11 @@ from scheduler.solver.greedy import (
     pod_size,
     shape_key,
 )
-from scheduler.solver.guided import place_guided, stage_value
+from scheduler.solver.guided import place_guided, quality_change, stage_value
 from scheduler.solver.patterns import ClassInfo, pack
 from scheduler.solver.placement import PlacementSettings, PodAssignment
 from scheduler.solver.problem import Problem
+from scheduler.solver.quality import NodeQuality, quality_for
 from scheduler.solver.queues import QueueBook
 from scheduler.solver.rows import admission_value, fair_weight
 from scheduler.solver.state import ClassKey, ClusterState
@@ -190,13 +191,16 @@ def improve(
     """
     deadline = time.perf_counter() + settings.time_limit_seconds
     spread = settings.gpu_strategy == "spread"
-    # The model's quality term is binpack/spread; with another scorer it judges admission only.
-    quality = isinstance(scorer, PackingScorer)
+    # The model's quality term is the scorer's own measure (binpack/spread or
+    # fragmentation); with another scorer it judges admission only.
+    quality = quality_for(scorer, settings.gpu_strategy, settings.cpu_strategy)
     gangs = [g for g in problem.order if g.required]
     admitted = {g.key for g in gangs if g.key in greedy.placed}
     failed = [g.priority for g in gangs if g.key not in admitted]
     frontier = max(failed) if failed else None
-    if not gangs or (frontier is None and not (settings.quality_when_all_admitted and quality)):
+    if not gangs or (
+        frontier is None and not (settings.quality_when_all_admitted and quality is not None)
+    ):
         return None, None, ""
     top = [g for g in gangs if frontier is None or g.priority >= frontier]
     lower = [g for g in gangs if frontier is not None and g.priority < frontier]
@@ -210,7 +214,6 @@ def improve(
         tree=snapshot.queue_tree,
         report=problem.report,
         gpu_strategy=settings.gpu_strategy,
-        cpu_strategy=settings.cpu_strategy,
         workers=settings.workers,
         pattern_cap=settings.patterns_per_class,
         quality=quality,
@@ -218,16 +221,22 @@ def improve(
         cycle=cycle,
     )
     model_gangs = [model_gang(g, frontier is None or g.priority > frontier) for g in top]
-    relaxed = admission_bound(
-        classes=initial,
-        gangs=model_gangs,
-        tree=snapshot.queue_tree,
-        report=problem.report,
-        charged={},
-        fair_weight=fair_weight(model_gangs),
-        time_limit=min(0.1, settings.time_limit_seconds / 5),
-        workers=settings.workers,
-        cycle=cycle,
+    relaxed = (
+        admission_bound(
+            classes=initial,
+            gangs=model_gangs,
+            tree=snapshot.queue_tree,
+            report=problem.report,
+            charged={},
+            fair_weight=fair_weight(model_gangs),
+            time_limit=min(0.1, settings.time_limit_seconds / 5),
+            workers=settings.workers,
+            cycle=cycle,
+        )
+        if frontier is not None
+        # Greedy admitted every gang: that is the most admission there is (no relaxation
+        # needed to bound it), and this stage is about quality alone.
+        else Relaxation(admission_value(model_gangs, admitted, problem.report, {}), [])
     )
     greedy_list = greedy.assignments
     base_placed: Mapping[str, Sequence[PodAssignment]] = greedy.placed
@@ -277,14 +286,12 @@ def improve(
     classes = model_classes(initial, set(hint), settings.max_model_classes)
     scale = Scale.of(
         classes,
-        settings.gpu_strategy,
-        settings.cpu_strategy,
-        quality=quality,
+        quality,
         exact=initial,
         pods=sum(len(g.required) for g in top),
     )
     admit_bound = relaxed.bound if relaxed is not None else None
-    value_of = partial(stage_value, state, top, model_gangs, problem.report, settings, scale)
+    value_of = partial(stage_value, state, top, model_gangs, problem.report, scale)
     first: CpResult | None
     # Greedy's admission already at the relaxation's bound (it cannot be beaten): the model
     # could only improve placement quality, not worth its build time unless asked for.
@@ -341,9 +348,18 @@ def improve(
             if guided_better:
                 for a in reversed(on_state):  # the guided answer, still applied
                     state.release(a.pod_uid)
-            out += _apply_patterns(state, first.node_pods, spread)
-            now_admitted = set(first.admitted)
-        else:
+            applied = _apply_patterns(state, first.node_pods, spread)
+            if _quality_only_worse(state, top, applied, first, base_placed, base_admitted, quality):
+                for a in reversed(applied):
+                    state.release(a.pod_uid)
+                if guided_better:
+                    for a in on_state:
+                        state.apply(a)
+                first_better, status = False, ""
+            else:
+                out += applied
+                now_admitted = set(first.admitted)
+        if not (first_better and first is not None):
             now_admitted = set(base_admitted)
             for g in top:
                 for a in list(base_placed.get(g.key, []))[: len(g.required)]:
@@ -424,6 +440,31 @@ def improve(
         _restore(state, out, greedy_list)
         return first, None, ""
     return first, out, status or "GREEDY"
+
+
+def _quality_only_worse(
+    state: ClusterState,
+    top: Sequence[GangRequest],
+    applied: Sequence[PodAssignment],
+    first: CpResult,
+    base_placed: Mapping[str, Sequence[PodAssignment]],
+    base_admitted: set[str],
+    quality: NodeQuality | None,
+) -> bool:
+    """True when CP-SAT's answer (``applied`` to ``state``) admits the same gangs as the
+    hint's (``base_placed``) and does not leave the nodes in a better state, measured on
+    the real nodes. The model measures a merged class on its members' floor, and packs
+    shares as the canonical packer does where the greedy may have chosen other devices,
+    so its quality gain is an estimate: a batch is moved only for a real one."""
+    if quality is None or first.admitted != base_admitted:
+        return False
+    placed: dict[str, list[PodAssignment]] = {}
+    for a in applied:
+        placed.setdefault(a.gang, []).append(a)
+    model = quality_change(state, top, placed, quality, applied)
+    hint = quality_change(state, top, base_placed, quality, applied)
+    log.debug("quality_checked", model=model, hint=hint)
+    return model >= hint
 
 
 def _place_again(

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from scheduler.cluster.node import Node
 from scheduler.cluster.pod import Pod
 from scheduler.framework.filters import node_rules_allow
-from scheduler.plugins.packing import Strategy, node_cost
+from scheduler.plugins.packing import Strategy
 from scheduler.solver.greedy import pod_size
+from scheduler.solver.quality import NodeQuality
 from scheduler.solver.state import ClassKey, pick_devices, pod_demand
 
 __all__ = [
@@ -126,6 +127,8 @@ class PatternSet:
 
     patterns: list[Pattern] = field(default_factory=list)
     delta: list[int] = field(default_factory=list)
+    #: While enumerating: the state each pattern leaves (free resources, devices).
+    states: list[tuple[dict[str, int], list[int]]] = field(default_factory=list)
 
 
 def enumerate_patterns(
@@ -135,18 +138,37 @@ def enumerate_patterns(
     required: Sequence[Pattern],
     *,
     gpu: Strategy,
-    cpu: Strategy,
+    quality: NodeQuality | None,
     cap: int,
 ) -> PatternSet:
     """Patterns for ``info`` (see the module docstring), at most ``cap`` plus ``required``.
 
     ``shapes[i]`` is a pod of shape i (shape ids follow canonical order: a lower id is never
-    smaller) and ``demand[i]`` how many pods of that shape the cycle asks for.
+    smaller) and ``demand[i]`` how many pods of that shape the cycle asks for. Each
+    pattern's ``delta`` is the change of ``quality``'s cost from the class's state to the
+    state the pattern leaves (0 without a measure).
     """
-    spread = gpu == "spread"
+    out = _enumerate(info, shapes, demand, required, gpu == "spread", cap)
+    if quality is None:
+        out.delta = [0] * len(out.patterns)
+    else:
+        before, *after = quality.costs(info.node, [(info.free, info.gpu_free), *out.states])
+        out.delta = [a - before for a in after]
+    out.states = []
+    return out
+
+
+def _enumerate(
+    info: ClassInfo,
+    shapes: Sequence[Pod],
+    demand: Sequence[int],
+    required: Sequence[Pattern],
+    spread: bool,
+    cap: int,
+) -> PatternSet:
+    """The patterns of :func:`enumerate_patterns` with the states they leave."""
     node = info.node
     base_free, base_gpu = info.free, info.gpu_free
-    before = node_cost(node, base_free, base_gpu, gpu, cpu)
     out = PatternSet()
     seen: set[Pattern] = set()
 
@@ -154,7 +176,7 @@ def enumerate_patterns(
         if pattern not in seen:
             seen.add(pattern)
             out.patterns.append(pattern)
-            out.delta.append(node_cost(node, free, gpu_free, gpu, cpu) - before)
+            out.states.append((free, gpu_free))
 
     demands: dict[int, Demand] = {}
     for s, pod in enumerate(shapes):

@@ -50,7 +50,7 @@ class PlacementSettings:
     #: The same choice for nodes without GPU work (CPU-only pods).
     cpu_strategy: Strategy = "binpack"
     #: How the greedy ranks nodes and devices (see :data:`Scoring`). With ``fragmentation``
-    #: CP-SAT still decides which gangs are admitted, but not where they go.
+    #: CP-SAT's quality term follows the scorer (:mod:`scheduler.solver.quality`).
     scoring: Scoring = "packing"
     #: Wall-clock budget for the optimising stages of a cycle: CP-SAT placement (the greedy
     #: answer is used if time runs out), then taking back with what is left of it (at least

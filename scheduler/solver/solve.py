@@ -21,7 +21,9 @@ integer weights that make each level dominate the next, see :mod:`.cpsat`):
    (``fair_share - allocated`` per queue, GPU in tenths and CPU in cores) first;
 3. more work admitted (GPU tenths; CPU cores for CPU-only gangs);
 4. placement quality - binpack (fewest partly used nodes and devices) or spread, chosen
-   separately for GPU and CPU nodes (:func:`scheduler.plugins.packing.node_cost`).
+   separately for GPU and CPU nodes (:func:`scheduler.plugins.packing.node_cost`); with
+   ``scoring: fragmentation``, the fragmentation (and model scarcity) the batch leaves on
+   the nodes (:mod:`.quality`).
 
 Optional extras (pods beyond ``min_member``) are placed after every admissible gang.
 Hard rules (never traded): node fit for every resource and device, taints/tolerations,
