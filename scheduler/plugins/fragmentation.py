@@ -463,26 +463,11 @@ class FragmentationScorer:
         self, cpu: int, mem_mib: int, gpu_free: Sequence[int], model: str | None
     ) -> float:
         """Fragmentation of one node state (free CPU milli, memory MiB, devices, model)."""
-        mix = self._mix(model)
         key = (cpu, mem_mib, tuple(gpu_free), model)
         hit = self._memo.get(key)
         if hit is not None:
             return hit
-        g = np.array([[max(0, f) for f in gpu_free] or [0]], dtype=np.int64)
-        value = float(
-            fragmentation(
-                mix,
-                g.sum(axis=1),
-                device_sums(g, mix.thresholds),
-                np.array([cpu]),
-                np.array([mem_mib]),
-                np.array([self.models.index(model) if model in self.models else -1]),
-            )[0]
-        )
-        if len(self._memo) > 500_000:
-            self._memo.clear()
-        self._memo[key] = value
-        return value
+        return self.node_fragmentations([(cpu, mem_mib, key[2])], model)[0]
 
     def node_fragmentations(
         self, rows: Sequence[tuple[int, int, tuple[int, ...]]], model: str | None

@@ -34,10 +34,10 @@ from collections.abc import Callable, Sequence
 
 import structlog
 
-from scheduler.cluster.resources import CPU, MEMORY
-from scheduler.plugins.fragmentation import MIB, FragmentationScorer
+from scheduler.plugins.fragmentation import FragmentationScorer
 from scheduler.solver.greedy import GangRequest, GreedyResult
 from scheduler.solver.placement import PodAssignment
+from scheduler.solver.quality import FragmentationQuality
 from scheduler.solver.state import ClusterState
 
 __all__ = ["batch_cost", "better_batch", "size_order"]
@@ -58,31 +58,6 @@ def size_order(gangs: Sequence[GangRequest]) -> list[GangRequest]:
         gangs,
         key=lambda g: (not g.restoring, -g.priority, -g.ask.get("gpu", 0), -g.ask.get("cpu", 0)),
     )
-
-
-def _node_cost(state: ClusterState, scorer: FragmentationScorer, name: str) -> float:
-    slot = state.nodes[name]
-    return scorer.node_fragmentation(
-        slot.free.get(CPU, 0),
-        slot.free.get(MEMORY, 0) // MIB,
-        slot.gpu_free,
-        slot.node.gpu_model,
-    )
-
-
-def _scarcity_cost(
-    state: ClusterState, scorer: FragmentationScorer, assignments: Sequence[PodAssignment]
-) -> float:
-    """Model scarcity of the thousandths ``assignments`` take (0 without the term)."""
-    if not scorer.scarcity:
-        return 0.0
-    cost = 0.0
-    for a in assignments:
-        model = state.nodes[a.node].node.gpu_model
-        if model:
-            taken = sum(m for _, m in a.gpu_grant)
-            cost += scorer.scarcity_weight * scorer.scarcity.get(model, 0.0) * taken
-    return cost
 
 
 def better_batch(
@@ -132,10 +107,16 @@ def batch_cost(
     state: ClusterState, scorer: FragmentationScorer, assignments: Sequence[PodAssignment]
 ) -> float:
     """What ``assignments`` (held by ``state``) leave: the fragmentation of every node they
-    touched, after minus before, plus the model scarcity of the thousandths they take. They
-    are released on return (``state`` is as before them)."""
-    after = {a.node: _node_cost(state, scorer, a.node) for a in assignments}
+    touched, after minus before, plus the model scarcity of the thousandths they take (the
+    change of :class:`~scheduler.solver.quality.FragmentationQuality`'s cost, unrounded).
+    They are released on return (``state`` is as before them)."""
+    quality = FragmentationQuality(scorer)
+
+    def cost(name: str) -> float:
+        slot = state.nodes[name]
+        return quality.exact_costs(slot.node, [(slot.free, slot.gpu_free)])[0]
+
+    after = {a.node: cost(a.node) for a in assignments}
     for a in reversed(assignments):
         state.release(a.pod_uid)
-    frag = sum(v - _node_cost(state, scorer, n) for n, v in after.items())
-    return frag + _scarcity_cost(state, scorer, assignments)
+    return sum(v - cost(n) for n, v in after.items())

@@ -89,18 +89,20 @@ class FragmentationQuality:
         return self.scorer.scarcity_weight * self.scorer.scarcity.get(model, 0.0)
 
     def costs(self, node: Node, states: Sequence[NodeState]) -> list[int]:
-        model = node.gpu_model
-        per_used = self._per_used(node)
+        return [max(0, round(c)) for c in self.exact_costs(node, states)]
+
+    def exact_costs(self, node: Node, states: Sequence[NodeState]) -> list[float]:
+        """The costs before rounding (the batch pass compares answers by them)."""
         rows = [
             (free.get(CPU, 0), free.get(MEMORY, 0) // MIB, tuple(max(0, f) for f in gpu))
             for free, gpu in states
         ]
-        frag = self.scorer.node_fragmentations(rows, model)
-        out = []
-        for (_, _, gpu), f in zip(rows, frag, strict=True):
-            used = GPU_MILLI * len(gpu) - sum(gpu)
-            out.append(max(0, round(f + per_used * used)))
-        return out
+        frag = self.scorer.node_fragmentations(rows, node.gpu_model)
+        per_used = self._per_used(node)  # after the measure: it builds the scarcity first
+        return [
+            f + per_used * (GPU_MILLI * len(gpu) - sum(gpu))
+            for (_, _, gpu), f in zip(rows, frag, strict=True)
+        ]
 
     def node_costs(self, items: Sequence[tuple[Node, NodeState]]) -> list[int]:
         # The cost reads a node's model and devices only: nodes alike in both are measured
