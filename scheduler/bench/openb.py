@@ -76,7 +76,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--batches", default="1,64", help="batch sizes to run")
     p.add_argument("--inflate", type=float, default=1.3, help="GPU demand / capacity")
     p.add_argument("--workers", type=int, default=2, help="worker processes")
-    p.add_argument("--policy", choices=["frag", "fgd", "bestfit"], default="frag")
+    p.add_argument("--policy", choices=["frag", "fgd", "bestfit", "paper-bestfit"], default="frag")
     p.add_argument(
         "--scarcity-weight",
         type=float,
@@ -189,7 +189,9 @@ def _one(job: Job) -> dict[str, Any]:
     result = replay(
         nodes,
         ordered,
-        ReplaySettings(batch=batch, policy=cast(Policy, policy), scarcity_weight=scarcity),
+        ReplaySettings(
+            batch=batch, policy=cast(Policy, policy), scarcity_weight=scarcity, tie_seed=seed
+        ),
         engine=_engine(engine, batch, policy),
     )
     placed = {pl.pod for pl in result.placements}

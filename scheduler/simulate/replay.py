@@ -69,7 +69,7 @@ Engine = Literal["arrays", "greedy", "cycle"]
 #: Arrived workload (% of cluster GPU capacity) at which the allocation ratio is recorded.
 CHECKPOINTS = (50, 80, 90, 100, 110, 120, 130)
 
-Policy = Literal["frag", "fgd", "bestfit"]
+Policy = Literal["frag", "fgd", "bestfit", "paper-bestfit"]
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,9 @@ class ReplaySettings:
     ``policy``: ``frag`` (ours: fragmentation increase under the ``mixed`` measure, ties
     broken towards packing), ``fgd`` (FGD's single-task measure, task-count mix, no
     tie-break: a baseline), ``bestfit`` (least GPU, then tightest device, then least CPU
-    left on the node).
+    left on the node), ``paper-bestfit`` (BestFit as the FGD paper's simulator scores it:
+    free CPU and GPU after the pod in one integer score, random among equal best; the
+    baseline the paper's published ratios are measured against).
     """
 
     batch: int = 1
@@ -99,6 +101,8 @@ class ReplaySettings:
     coverage: float = 1.0
     #: Weight of the model-scarcity term (0 turns it off; see fragmentation.model_scarcity).
     scarcity_weight: float = 1.0
+    #: Seed of the ``paper-bestfit`` baseline's random choice among equally scored nodes.
+    tie_seed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,7 +326,7 @@ def auto_engine(batch: int, policy: str) -> Engine:
     tenths of a second on the openb cluster); for one pod per cycle (10k full cycles would
     take most of an hour) the live greedy for ``frag`` and the vectorised replay for the
     baselines (``fgd`` exists only there)."""
-    if policy == "fgd" or (batch == 1 and policy != "frag"):
+    if policy in ("fgd", "paper-bestfit") or (batch == 1 and policy != "frag"):
         return "arrays"
     return "cycle" if batch > 1 else "greedy"
 

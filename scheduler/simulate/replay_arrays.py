@@ -1,9 +1,9 @@
 """The ``arrays`` trace-replay engine: a vectorised re-implementation of the ``frag``
-policy (and the ``fgd`` / ``bestfit`` baselines) over numpy arrays of free CPU, memory and
-device thousandths plus cached per-node fragmentation terms, with the same arithmetic as
-:class:`~scheduler.plugins.fragmentation.FragmentationScorer`. Seconds per 10k-pod replay: a
-cross-check of the live engines in :mod:`scheduler.simulate.replay`, and the only home of
-the ``fgd`` baseline.
+policy (and the ``fgd``, ``bestfit`` and ``paper-bestfit`` baselines) over numpy arrays of
+free CPU, memory and device thousandths plus cached per-node fragmentation terms, with the
+same arithmetic as :class:`~scheduler.plugins.fragmentation.FragmentationScorer`. Seconds
+per 10k-pod replay: a cross-check of the live engines in :mod:`scheduler.simulate.replay`,
+and the only home of the ``fgd`` and ``paper-bestfit`` baselines.
 """
 
 from __future__ import annotations
@@ -33,6 +33,12 @@ if TYPE_CHECKING:
 __all__ = ["CycleEngine", "Outcome", "array_engine", "mix_for", "trace_task"]
 
 
+#: The FGD paper simulator's normalisation of free CPU (milli) and GPU (thousandths) in its
+#: BestFit score (the largest node it models: 128 cores, 8 GPUs).
+_PAPER_MAX_CPU = 128_000
+_PAPER_MAX_GPU = 8 * GPU_MILLI
+
+
 def trace_task(pod: TracePod) -> TaskType:
     return TaskType(pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli, pod.gpu_spec)
 
@@ -52,6 +58,8 @@ class _Cluster:
         for i, n in enumerate(nodes):
             self.gpu[i, : n.gpus] = GPU_MILLI
         self.mix_arrays: MixArrays | None = None
+        #: Random tie-breaks of the ``paper-bestfit`` baseline (made on first use).
+        self.rng: np.random.Generator | None = None
         #: Nodes with equal free resources share a state id (they would score the same).
         self._ids: dict[tuple[int, ...], int] = {}
         self.state = np.array([self._state_id(i) for i in range(len(nodes))], dtype=np.int64)
@@ -120,6 +128,8 @@ class _Cluster:
         nodes = np.nonzero(self.feasible(pod))[0]
         if len(nodes) == 0:
             return -1, ()
+        if settings.policy == "paper-bestfit":
+            return self._paper_bestfit(pod, nodes, settings)
         cand = self.candidates(pod, nodes)
         # Nodes in the same state give the same score: score each distinct (state, device
         # value) once, keeping the lowest node index of each group (np.unique's first hit).
@@ -149,6 +159,33 @@ class _Cluster:
             return n, ()
         devices = np.nonzero(self.gpu[n] == cand.before[best])[0][: int(cand.mult[best])]
         return n, tuple((int(d), pod.gpu_milli) for d in devices)
+
+    def _paper_bestfit(
+        self, pod: TracePod, nodes: np.ndarray, settings: ReplaySettings
+    ) -> tuple[int, tuple[tuple[int, int], ...]]:
+        """BestFit as the FGD paper's simulator scores it: a node's score is
+        ``int(100 * (1 - (cpu_left / 128 cores + gpu_left / 8 GPUs) / 2))`` after the pod,
+        from free CPU and the node's total free GPU thousandths only; among the nodes with
+        the highest score one is drawn at random (kube-scheduler picks among equal best
+        scores at random). A share takes the fitting device with the least room (lowest
+        index among equals), whole GPUs the lowest-numbered free devices."""
+        gpu_left = self.total[nodes] - pod.gpu_request_milli
+        cpu_left = self.cpu[nodes] - pod.cpu_milli
+        free = 0.5 * cpu_left / _PAPER_MAX_CPU + 0.5 * gpu_left / _PAPER_MAX_GPU
+        score = np.trunc((1.0 - free) * 100).astype(np.int64)
+        top = nodes[score == score.max()]
+        if self.rng is None:
+            self.rng = np.random.default_rng(settings.tie_seed)
+        n = int(top[self.rng.integers(len(top))])
+        if pod.num_gpu == 0:
+            return n, ()
+        row = self.gpu[n]
+        if pod.fractional:
+            fits = np.nonzero(row >= pod.gpu_milli)[0]
+            d = int(fits[np.argmin(row[fits])])
+            return n, ((d, pod.gpu_milli),)
+        devices = np.nonzero(row == GPU_MILLI)[0][: pod.num_gpu]
+        return n, tuple((int(d), GPU_MILLI) for d in devices)
 
     def apply(self, n: int, pod: TracePod, grant: tuple[tuple[int, int], ...]) -> None:
         """Take the pod's resources on node ``n``."""

@@ -426,9 +426,9 @@ def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--policy",
-        choices=["frag", "fgd", "bestfit"],
+        choices=["frag", "fgd", "bestfit", "paper-bestfit"],
         default="frag",
-        help="placement policy (frag: ours; fgd/bestfit: baselines)",
+        help="placement policy (frag: ours; fgd, bestfit, paper-bestfit: baselines)",
     )
     g.add_argument(
         "--engine",

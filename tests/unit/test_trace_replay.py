@@ -333,6 +333,36 @@ def test_joint_bound_caps_what_a_later_target_allows() -> None:
     assert share_gap_bound(pods, 10_000, pods, 0.0) == pytest.approx(81.0)
 
 
+def test_paper_bestfit_scores_free_cpu_and_gpu_and_draws_among_equals() -> None:
+    """The FGD paper simulator's BestFit: one integer score of free CPU and total free GPU
+    after the pod, a random node among the equal best, the tightest device for a share."""
+    from scheduler.simulate.trace import TraceNode, TracePod
+
+    nodes = [
+        TraceNode("a", 96_000, 10**6, 2, "V100"),
+        TraceNode("b", 32_000, 10**6, 2, "V100"),
+        TraceNode("c", 32_000, 10**6, 2, "V100"),
+    ]
+
+    def pod(name: str, cpu: int, milli: int) -> TracePod:
+        return TracePod(name, cpu, 1024, 1, milli)
+
+    # p1: b and c tie (same free CPU and GPU after it) and beat a (more CPU left); p2 then
+    # prefers the node p1 went to (less GPU left) and its used device (tighter).
+    pods = [pod("p1", 8_000, 600), pod("p2", 8_000, 300)]
+    chosen: set[str] = set()
+    for seed in range(12):
+        out = replay(nodes, pods, ReplaySettings(policy="paper-bestfit", tie_seed=seed))
+        first, second = out.placements
+        assert first.node in ("b", "c")
+        assert second.node == first.node
+        assert second.gpus == ((first.gpus[0][0], 300),)
+        chosen.add(first.node)
+        again = replay(nodes, pods, ReplaySettings(policy="paper-bestfit", tie_seed=seed))
+        assert again.placements == out.placements
+    assert chosen == {"b", "c"}
+
+
 def test_auto_engine_runs_the_live_cycle_where_affordable() -> None:
     from scheduler.simulate.replay import auto_engine
 
@@ -341,6 +371,7 @@ def test_auto_engine_runs_the_live_cycle_where_affordable() -> None:
     assert auto_engine(1, "frag") == "greedy"
     assert auto_engine(1, "bestfit") == "arrays"
     assert auto_engine(64, "fgd") == "arrays"
+    assert auto_engine(64, "paper-bestfit") == "arrays"
 
 
 def test_replay_reports_progress_after_every_cycle(tmp_path: Path) -> None:
