@@ -325,7 +325,8 @@ def auto_engine(batch: int, policy: str) -> Engine:
     """The engine ``--engine auto`` picks: the live cycle for batches (each cycle costs
     tenths of a second on the openb cluster); for one pod per cycle (10k full cycles would
     take most of an hour) the live greedy for ``frag`` and the vectorised replay for the
-    baselines (``fgd`` exists only there)."""
+    baselines. ``fgd`` and ``paper-bestfit`` exist only there, at every batch size (the
+    paper's BestFit is kube-scheduler's one pod at a time)."""
     if policy in ("fgd", "paper-bestfit") or (batch == 1 and policy != "frag"):
         return "arrays"
     return "cycle" if batch > 1 else "greedy"
