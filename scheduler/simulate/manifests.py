@@ -217,6 +217,20 @@ def _count(raw: Any, default: int, where: str) -> int:
     return value
 
 
+#: Pods one workload object may expand to. Far above any cluster the simulator models, and
+#: low enough that a mistyped count (replicas: 1000000) is an error naming the field rather
+#: than minutes of building pods and gigabytes of memory.
+MAX_WORKLOAD_PODS = 100_000
+
+
+def _within_limit(pods: int, where: str) -> None:
+    if pods > MAX_WORKLOAD_PODS:
+        raise ScenarioError(
+            where,
+            f"makes {pods} pods; the simulator takes at most {MAX_WORKLOAD_PODS} from one object",
+        )
+
+
 def _workload_pods(doc: Document, obj: Mapping[str, Any]) -> list[_PodDraft]:
     """The pods a workload object creates, as its controller would."""
     kind = str(obj.get("kind"))
@@ -237,6 +251,7 @@ def _workload_pods(doc: Document, obj: Mapping[str, Any]) -> list[_PodDraft]:
         base = "spec.leaderWorkerTemplate"
         size = _count(lwt.get("size"), 1, f"{origin}.{base}.size")
         groups = _count(spec.get("replicas"), 1, f"{origin}.spec.replicas")
+        _within_limit(groups * size, f"{origin}.spec.replicas x {base}.size")
         worker = lwt.get("workerTemplate")
         leader = lwt.get("leaderTemplate") or worker
         for g in range(groups):
@@ -260,6 +275,7 @@ def _workload_pods(doc: Document, obj: Mapping[str, Any]) -> list[_PodDraft]:
             count = min(parallelism, _count(completions, 1, f"{origin}.spec.completions"))
     else:
         count = _count(spec.get("replicas"), 1, f"{origin}.spec.replicas")
+    _within_limit(count, f"{origin}.spec")
     for k in range(count):
         pod = _pod(f"{name}-{k}", namespace, spec.get("template"), f"{origin}.spec.template")
         drafts.append(_PodDraft(pod, chain, origin, "spec.template.", obj))

@@ -235,8 +235,37 @@ def test_node_list_and_notes(tmp_path: Path) -> None:
             {"kind": "CronJob", "metadata": {"name": "c"}},
             "'CronJob' is not a kind the simulator reads",
         ),
+        (
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": "huge"},
+                "spec": {"parallelism": 10**6, "template": _template()},
+            },
+            "(Job huge).spec: makes 1000000 pods; the simulator takes at most 100000",
+        ),
+        (
+            {
+                "apiVersion": "leaderworkerset.x-k8s.io/v1",
+                "kind": "LeaderWorkerSet",
+                "metadata": {"name": "l"},
+                "spec": {
+                    "replicas": 60000,
+                    "leaderWorkerTemplate": {"size": 2, "workerTemplate": _template()},
+                },
+            },
+            "spec.replicas x spec.leaderWorkerTemplate.size: makes 120000 pods",
+        ),
     ],
-    ids=["missing-podgroup", "half-gpu", "queue-parent", "priority-class", "unknown-kind"],
+    ids=[
+        "missing-podgroup",
+        "half-gpu",
+        "queue-parent",
+        "priority-class",
+        "unknown-kind",
+        "huge-job",
+        "huge-lws",
+    ],
 )
 def test_errors_name_the_manifest(tmp_path: Path, doc: dict[str, Any], expected: str) -> None:
     path = _write(tmp_path, "work.yaml", [doc, {"kind": "Namespace", "metadata": {"name": "x"}}])
