@@ -18,6 +18,7 @@ import structlog
 
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.fairness import FairShareReport, compute_fair_shares
+from scheduler.plugins.scorer_memory import ScorerMemory
 from scheduler.solver import solve
 from scheduler.solver.placement import GangOutcome, Placement, PlacementSettings
 
@@ -70,10 +71,13 @@ class CycleReport:
 
 
 def _decide(
-    snapshot: Snapshot, settings: PlacementSettings, max_gangs: int | None = None
+    snapshot: Snapshot,
+    settings: PlacementSettings,
+    max_gangs: int | None = None,
+    scorers: ScorerMemory | None = None,
 ) -> tuple[FairShareReport, Placement]:
     report = compute_fair_shares(snapshot)
-    placement = solve(snapshot, settings, report, max_gangs=max_gangs)
+    placement = solve(snapshot, settings, report, max_gangs=max_gangs, scorers=scorers)
     return report, with_findings(snapshot, report, placement)
 
 
@@ -94,14 +98,20 @@ def with_findings(snapshot: Snapshot, report: FairShareReport, placement: Placem
 
 
 async def run_cycle(
-    backend: Backend, settings: PlacementSettings, number: int, *, max_gangs: int | None = None
+    backend: Backend,
+    settings: PlacementSettings,
+    number: int,
+    *,
+    max_gangs: int | None = None,
+    scorers: ScorerMemory | None = None,
 ) -> CycleReport:
     """Run one cycle against ``backend``; ``max_gangs`` bounds the gangs it considers (see
-    :func:`scheduler.solver.solve`), the rest are in ``placement.deferred``."""
+    :func:`scheduler.solver.solve`), the rest are in ``placement.deferred``. A caller that
+    runs cycle after cycle passes one ``scorers`` to all of them (see :func:`solve`)."""
     started = time.perf_counter()
     snapshot = await backend.snapshot()
     t_snap = time.perf_counter()
-    report, placement = await asyncio.to_thread(_decide, snapshot, settings, max_gangs)
+    report, placement = await asyncio.to_thread(_decide, snapshot, settings, max_gangs, scorers)
     t_solve = time.perf_counter()
     result = await backend.commit(snapshot, placement, report)
     finished = time.perf_counter()

@@ -58,6 +58,7 @@ from scheduler.k8s.resources import VOLCANO_KINDS, WATCHED_KINDS
 from scheduler.k8s.watch import Watcher
 from scheduler.k8s.writer import EventLimiter, Writer
 from scheduler.metrics import SchedulerMetrics
+from scheduler.plugins.scorer_memory import ScorerMemory
 from scheduler.solver.warm import warm_up
 
 __all__ = ["Scheduler", "run"]
@@ -88,6 +89,8 @@ class Scheduler:
         self.state = HealthState(stall_seconds=max(60.0, 20 * config.cycle_period))
         self.stop = asyncio.Event()
         self.cycles = 0
+        # Kept across cycles: a fragmentation scorer reuses the node states it measured.
+        self.scorers = ScorerMemory()
         self.elector: LeaderElector | None = None
         self.backend: LiveBackend | None = None
         self.cache = Cache(
@@ -415,7 +418,11 @@ class Scheduler:
                 budget = self.config.first_cycle_max_gangs if self.cycles == 1 else 0
                 try:
                     report = await run_cycle(
-                        backend, self.config.placement, self.cycles, max_gangs=budget or None
+                        backend,
+                        self.config.placement,
+                        self.cycles,
+                        max_gangs=budget or None,
+                        scorers=self.scorers,
                     )
                 except Exception:
                     # One bad cycle (a bug tripped by unusual input) must not stop scheduling;

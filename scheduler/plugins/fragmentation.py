@@ -459,6 +459,19 @@ class FragmentationScorer:
             return True
         return False
 
+    def retarget(self, mix: WorkloadMix, capacity: Callable[[], Mapping[str, int]] | None) -> None:
+        """Take ``mix`` and ``capacity`` as the next cycle's while keeping the fragmentation
+        measure and every node state it has measured (for a mix close to the one the measure
+        was built from: :class:`~scheduler.plugins.scorer_memory.ScorerMemory`). The
+        model-scarcity term is recomputed now: it reads what is free this cycle."""
+        self.mix = mix
+        self.capacity = capacity
+        self._version = mix.version
+        if self._arrays is not None:
+            self.scarcity = {}
+            if capacity is not None and self.scarcity_weight:
+                self.scarcity = model_scarcity(pinned_demand(mix), capacity())
+
     def node_fragmentation(
         self, cpu: int, mem_mib: int, gpu_free: Sequence[int], model: str | None
     ) -> float:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from scheduler.cycle import CycleReport, run_cycle
 from scheduler.fairness import FairShareReport, compute_fair_shares
+from scheduler.plugins.scorer_memory import ScorerMemory
 from scheduler.simulate.backend import SimulatedCluster
 from scheduler.simulate.scenario import Scenario
 
@@ -107,6 +108,7 @@ async def simulate_async(
         final_report=compute_fair_shares(cluster.snapshot_now()),
     )
     fair: dict[str, int] = {}
+    scorers = ScorerMemory()  # one per run: cycles reuse the scorer's measured states
     started = time.perf_counter()
     t = 0.0
     while True:
@@ -120,7 +122,7 @@ async def simulate_async(
         report: CycleReport | None = None
         if cluster.dirty and cluster.pending_gangs():
             result.cycles += 1
-            report = await run_cycle(cluster, settings.placement, result.cycles)
+            report = await run_cycle(cluster, settings.placement, result.cycles, scorers=scorers)
             result.solver_status[str(report.placement.status)] += 1
             result.solve_seconds += report.solve_seconds
             fair = {

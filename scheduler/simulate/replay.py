@@ -202,6 +202,7 @@ def _cycle_engine(nodes: Sequence[TraceNode], settings: ReplaySettings) -> Cycle
     from scheduler.cluster.gang import Gang
     from scheduler.cluster.queue import Queue
     from scheduler.cycle import run_cycle
+    from scheduler.plugins.scorer_memory import ScorerMemory
     from scheduler.simulate.backend import SimulatedCluster
     from scheduler.solver.placement import PlacementSettings
 
@@ -216,6 +217,7 @@ def _cycle_engine(nodes: Sequence[TraceNode], settings: ReplaySettings) -> Cycle
     # handler (and with it the task's result, the whole cycle report) into an error message
     # it then discards (openb seed 42, batch 64: 137 s before, 125 s with one loop).
     loop = asyncio.new_event_loop()
+    scorers = ScorerMemory()  # as the live loop keeps it: measured node states carry over
 
     def place(cycle: int, batch: list[TracePod]) -> list[Outcome]:
         domain = [to_pod(p, queue=TRACE_QUEUE) for p in batch]
@@ -229,7 +231,7 @@ def _cycle_engine(nodes: Sequence[TraceNode], settings: ReplaySettings) -> Cycle
                 for i, d in enumerate(domain)
             ],
         )
-        loop.run_until_complete(run_cycle(cluster, placement, cycle))
+        loop.run_until_complete(run_cycle(cluster, placement, cycle, scorers=scorers))
         out: list[Outcome] = []
         for p, d in zip(batch, domain, strict=True):
             pod = cluster.pods[d.uid].pod

@@ -40,6 +40,7 @@ from scheduler.cluster.disruption import DisruptionBudget
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.config import ConfigError, load_config, parse_config
+from scheduler.plugins.scorer_memory import ScorerMemory
 from scheduler.simulate.backend import SimulatedCluster
 from scheduler.simulate.whatif_sets import Change, WhatIfError, apply_changes, parse_change
 
@@ -242,6 +243,7 @@ async def replay_snapshot_async(
     run = WhatIfRun(result)
     fair: dict[str, int] = {}
     period = settings.cycle_period
+    scorers = ScorerMemory()  # one per run: cycles reuse the scorer's measured states
     started = time.perf_counter()
     t = 0.0
     result.stopped = "idle"
@@ -252,7 +254,7 @@ async def replay_snapshot_async(
                 result.stopped = "limit"
                 break
             result.cycles += 1
-            report = await run_cycle(cluster, settings.placement, result.cycles)
+            report = await run_cycle(cluster, settings.placement, result.cycles, scorers=scorers)
             result.solver_status[str(report.placement.status)] += 1
             result.solve_seconds += report.solve_seconds
             fair = {n: s.fair_share.get("gpu", 0) for n, s in report.fair_share.queues.items()}

@@ -204,6 +204,12 @@ class ClassIndex:
         demand = self.state.demand_on(pod, slot)
         if demand is None or not slot.fits(demand):
             return None
+        # Every device picker needs gpu_count devices with gpu_milli free each; the class
+        # key holds the free devices sorted, so that is one comparison. Most classes that
+        # fail a pod fail here (partly used devices), before a picker or scorer runs.
+        count, devices = demand.gpu_count, key[2]
+        if count and (len(devices) < count or devices[-count] < demand.gpu_milli):
+            return None
         skey: object = None
         if self.keyer is not None:
             # devices + static traits + what the scorer says it reads (see ScoreKey)

@@ -49,6 +49,7 @@ from scheduler.fairness import FairShareReport, compute_fair_shares
 from scheduler.framework.scoring import NodeScorer
 from scheduler.plugins.fragmentation import free_gpu_by_model, scorer_for_snapshot
 from scheduler.plugins.packing import PackingScorer
+from scheduler.plugins.scorer_memory import ScorerMemory
 from scheduler.solver.batch_order import better_batch
 from scheduler.solver.cpsat import CpResult
 from scheduler.solver.cpsat_topology import place_ruled_exactly
@@ -109,6 +110,7 @@ def solve(
     scorer: NodeScorer | None = None,
     cycle: int | None = None,
     max_gangs: int | None = None,
+    scorers: ScorerMemory | None = None,
 ) -> Placement:
     """Place pending gangs of ``snapshot``; synchronous (run it in a worker thread).
 
@@ -120,9 +122,21 @@ def solve(
     the others are left for the next cycle (:attr:`Placement.deferred`, no outcome). The
     live loop uses it for its first cycle, so that after a restart the first binds do not
     wait for a solve of the whole backlog.
+
+    ``scorers``: kept by a caller that solves cycle after cycle (the live loop, the
+    simulator), so ``placement.scoring: fragmentation`` reuses the node states the last
+    cycle's scorer measured (:class:`~scheduler.plugins.scorer_memory.ScorerMemory`).
     """
     with collector_paused():
-        return _solve(snapshot, settings, report, scorer=scorer, cycle=cycle, max_gangs=max_gangs)
+        return _solve(
+            snapshot,
+            settings,
+            report,
+            scorer=scorer,
+            cycle=cycle,
+            max_gangs=max_gangs,
+            scorers=scorers,
+        )
 
 
 def _first_gangs(problem: Problem, max_gangs: int) -> tuple[Problem, frozenset[str]]:
@@ -143,6 +157,7 @@ def _solve(
     scorer: NodeScorer | None,
     cycle: int | None,
     max_gangs: int | None = None,
+    scorers: ScorerMemory | None = None,
 ) -> Placement:
     started = time.perf_counter()
     phases: dict[str, float] = {}
@@ -184,9 +199,11 @@ def _solve(
 
     try:
         if scorer is None and settings.scoring == "fragmentation":
-            scorer = scorer_for_snapshot(
-                snapshot,
-                free_gpu_by_model((s.node.gpu_model, s.gpu_free) for s in state.nodes.values()),
+            free = free_gpu_by_model((s.node.gpu_model, s.gpu_free) for s in state.nodes.values())
+            scorer = (
+                scorers.scorer_for(snapshot, free)
+                if scorers is not None
+                else scorer_for_snapshot(snapshot, free)
             )
         scorer = scorer or packing
         greedy = run_greedy(state, scorer)

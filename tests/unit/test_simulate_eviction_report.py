@@ -21,6 +21,7 @@ from rich.console import Console
 import scheduler.cycle
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.fairness import FairShareReport
+from scheduler.plugins.scorer_memory import ScorerMemory
 from scheduler.simulate.engine import SimulationResult, simulate
 from scheduler.simulate.plots import write_plots
 from scheduler.simulate.report import eviction_totals, gang_summaries, print_report, summary
@@ -87,10 +88,16 @@ def _hand_reclaim(
     *,
     cycle: int | None = None,
     max_gangs: int | None = None,
+    scorers: ScorerMemory | None = None,
 ) -> Placement:
     """The solver without take-back; when team-b/job waits, team-a/two makes room for it."""
     placement = solve(
-        snapshot, replace(settings, take_back=False), report, cycle=cycle, max_gangs=max_gangs
+        snapshot,
+        replace(settings, take_back=False),
+        report,
+        cycle=cycle,
+        max_gangs=max_gangs,
+        scorers=scorers,
     )
     outcome = placement.outcomes.get("team-b/job")
     if outcome is None or outcome.placed:
