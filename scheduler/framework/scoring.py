@@ -26,7 +26,16 @@ from scheduler.cluster.node import GPU_MILLI, Node
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.resources import GPU, PODS, Resources
 
-__all__ = ["DevicePicker", "NodeScorer", "NodeView", "PodDemand", "ScoreKey", "pod_demand"]
+__all__ = [
+    "BatchScorer",
+    "Candidate",
+    "DevicePicker",
+    "NodeScorer",
+    "NodeView",
+    "PodDemand",
+    "ScoreKey",
+    "pod_demand",
+]
 
 
 class NodeView(Protocol):
@@ -102,6 +111,21 @@ class ScoreKey(Protocol):
 
     def score_key(self, node: NodeView) -> object:
         """Hashable summary of what :meth:`NodeScorer.score` reads besides devices."""
+        ...
+
+
+#: One candidate for :class:`BatchScorer`: the node, the pod's demand there, its devices.
+Candidate = tuple[NodeView, PodDemand, Sequence[tuple[int, int]]]
+
+
+@runtime_checkable
+class BatchScorer(Protocol):
+    """Optional: score many candidates of one pod at once (the greedy ranks every node class
+    for a shape in one call when it can). Must return exactly
+    ``[score(*c) for c in candidates]``; it only saves the per-call cost."""
+
+    def score_many(self, candidates: Sequence[Candidate]) -> list[float]:
+        """:meth:`NodeScorer.score` of each candidate, in order."""
         ...
 
 

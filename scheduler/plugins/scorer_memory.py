@@ -39,8 +39,11 @@ def mix_distance(a: WorkloadMix, b: WorkloadMix) -> float:
 class ScorerMemory:
     """Hands each cycle a fragmentation scorer, reusing the last one when the mix allows."""
 
-    def __init__(self, tolerance: float = 0.05) -> None:
+    def __init__(self, tolerance: float = 0.05, max_states: int = 100_000) -> None:
         self.tolerance = tolerance
+        #: Node states a kept scorer remembers before it starts over (~50 MB): it lives as
+        #: long as the scheduler, where a scorer used to live for one cycle.
+        self.max_states = max_states
         self._kept: FragmentationScorer | None = None
         #: The mix and models the kept scorer's measure was built from.
         self._basis: WorkloadMix | None = None
@@ -64,6 +67,7 @@ class ScorerMemory:
             kept.retarget(fresh.mix, fresh.capacity)
             self.reused += 1
             return kept
+        fresh.memo_limit = self.max_states
         self._kept, self._basis, self._models = fresh, fresh.mix, list(fresh.models)
         self.built += 1
         return fresh

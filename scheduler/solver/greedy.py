@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from scheduler.cluster.dracodes import DEVICES_UNAVAILABLE
+from scheduler.cluster.node import GPU_MILLI
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.queue import pod_queue_usage, pod_usage_triple
 from scheduler.explain.codes import POD_AFFINITY, POD_ANTI_AFFINITY, TOPOLOGY_SPREAD
@@ -34,7 +35,13 @@ from scheduler.framework.filters import (
     format_unavailable,
     node_rules_allow,
 )
-from scheduler.framework.scoring import DevicePicker, NodeScorer, PodDemand, ScoreKey
+from scheduler.framework.scoring import (
+    BatchScorer,
+    DevicePicker,
+    NodeScorer,
+    PodDemand,
+    ScoreKey,
+)
 from scheduler.plugins.packing import PackingScorer
 from scheduler.plugins.podtopology import (
     SPREAD_IGNORED,
@@ -43,7 +50,7 @@ from scheduler.plugins.podtopology import (
 )
 from scheduler.solver.placement import PodAssignment
 from scheduler.solver.queues import QueueBook
-from scheduler.solver.state import ClassKey, ClusterState, pick_devices, uses_node_name
+from scheduler.solver.state import ClassKey, ClusterState, NodeSlot, pick_devices, uses_node_name
 
 __all__ = [
     "ClassIndex",
@@ -131,6 +138,16 @@ class GreedyResult:
         return [a for pods in self.placed.values() for a in pods]
 
 
+@dataclass(frozen=True, slots=True)
+class _ToScore:
+    """A class a pod fits, with the devices it would take, waiting for its score."""
+
+    slot: NodeSlot
+    demand: PodDemand
+    grant: tuple[tuple[int, int], ...]
+    skey: object
+
+
 @dataclass
 class _ShapeHeap:
     pod: Pod
@@ -151,6 +168,7 @@ class ClassIndex:
         self.scorer = scorer
         self.picker = scorer if isinstance(scorer, DevicePicker) else None
         self.keyer = scorer if isinstance(scorer, ScoreKey) else None
+        self.batch = scorer if isinstance(scorer, BatchScorer) else None
         self._scores: dict[object, float | None] = {}
         self.spread = spread_devices
         #: every key that became non-empty, in order (append-only; shapes keep a cursor)
@@ -189,7 +207,19 @@ class ClassIndex:
             return None
         return tuple((i, demand.gpu_milli) for i in devices)
 
-    def _evaluate(self, pod: Pod, shape: int, key: ClassKey) -> float | None:
+    def _prepare(self, pod: Pod, shape: int, key: ClassKey) -> float | _ToScore | None:
+        """What ranking ``pod`` on class ``key`` needs: None (it does not fit), a score
+        known already, or the candidate still to score."""
+        # Every device picker needs ``count`` devices with ``milli`` free each; the class key
+        # holds the free devices sorted, so that is one comparison. Most classes that fail a
+        # pod fail here (partly used devices), before a picker or scorer runs. A request by
+        # GPU memory is sized per node: checked below, once its demand is known.
+        gpu = pod.gpu
+        devices = key[2]
+        if gpu is not None and gpu.memory_mib is None and gpu.count:
+            need = min(gpu.milli, GPU_MILLI)
+            if len(devices) < gpu.count or devices[-gpu.count] < need:
+                return None
         slot = self.state.representative(key)
         if slot is None:
             return None
@@ -204,23 +234,46 @@ class ClassIndex:
         demand = self.state.demand_on(pod, slot)
         if demand is None or not slot.fits(demand):
             return None
-        # Every device picker needs gpu_count devices with gpu_milli free each; the class
-        # key holds the free devices sorted, so that is one comparison. Most classes that
-        # fail a pod fail here (partly used devices), before a picker or scorer runs.
-        count, devices = demand.gpu_count, key[2]
+        count = demand.gpu_count
         if count and (len(devices) < count or devices[-count] < demand.gpu_milli):
             return None
         skey: object = None
         if self.keyer is not None:
             # devices + static traits + what the scorer says it reads (see ScoreKey)
-            skey = (shape, slot.static_id, key[2], self.keyer.score_key(slot))
+            skey = (shape, slot.static_id, devices, self.keyer.score_key(slot))
             if skey in self._scores:
                 return self._scores[skey]
         grant = self.grant(pod, demand, slot.name)
-        score = None if grant is None else float(self.scorer.score(slot, demand, grant))
-        if self.keyer is not None:
-            self._scores[skey] = score
-        return score
+        if grant is None:
+            if self.keyer is not None:
+                self._scores[skey] = None
+            return None
+        return _ToScore(slot, demand, grant, skey)
+
+    def _evaluate_many(self, pod: Pod, shape: int, keys: Sequence[ClassKey]) -> list[float | None]:
+        """Scores of ``pod`` on each class of ``keys`` (None where it does not fit). The
+        candidates left to score go to the scorer in one call when it is a
+        :class:`~scheduler.framework.scoring.BatchScorer`."""
+        out: list[float | None] = []
+        todo: list[tuple[int, _ToScore]] = []
+        for key in keys:
+            r = self._prepare(pod, shape, key)
+            if isinstance(r, _ToScore):
+                todo.append((len(out), r))
+                r = None
+            out.append(r)
+        if not todo:
+            return out
+        candidates = [(t.slot, t.demand, t.grant) for _, t in todo]
+        if self.batch is not None:
+            scores = self.batch.score_many(candidates)
+        else:
+            scores = [self.scorer.score(*c) for c in candidates]
+        for (i, t), score in zip(todo, scores, strict=True):
+            out[i] = float(score)
+            if self.keyer is not None:
+                self._scores[t.skey] = out[i]
+        return out
 
     def best(
         self, pod: Pod, accept: NodeCheck | None = None, prefer: Preference | None = None
@@ -237,19 +290,29 @@ class ClassIndex:
         if sh is None:
             sh = self.shapes[skey] = _ShapeHeap(pod, len(self.shapes))
         events = self.events
+        # New events in order; the classes never scored for this shape are scored together.
+        order: list[ClassKey] = []
+        fresh: list[ClassKey] = []
+        taken: set[ClassKey] = set()
         while sh.cursor < len(events):
             key = events[sh.cursor]
             sh.cursor += 1
-            if key in sh.in_heap:
+            if key in sh.in_heap or key in taken:
                 continue
-            if key in sh.scores:
-                score = sh.scores[key]
-            elif key not in self.state.classes:
-                # Empty again by now: nothing to score. Caching "None" here would hide the
-                # class for good; it comes back as a new event when it regains a member.
-                continue
-            else:
-                score = sh.scores[key] = self._evaluate(sh.pod, sh.id, key)
+            if key not in sh.scores:
+                if key not in self.state.classes:
+                    # Empty again by now: nothing to score. Caching "None" here would hide
+                    # the class for good; it comes back as a new event when it regains a
+                    # member.
+                    continue
+                fresh.append(key)
+            taken.add(key)
+            order.append(key)
+        if fresh:
+            for key, value in zip(fresh, self._evaluate_many(sh.pod, sh.id, fresh), strict=True):
+                sh.scores[key] = value
+        for key in order:
+            score = sh.scores[key]
             if score is not None:
                 seq = self._seq.setdefault(key, len(self._seq))
                 heapq.heappush(sh.heap, (score, seq, key))

@@ -178,3 +178,91 @@ def test_devices_are_checked_on_the_class_before_any_picker(
         assert len(grant) == count and all(used[i] + m <= 1000 for i, m in grant)
     else:
         assert placed == [] and _Counting.picks == 0
+
+
+def test_a_kept_scorer_remembers_a_bounded_number_of_states() -> None:
+    """It lives as long as the scheduler: past ``max_states`` its memo starts over."""
+    memory = ScorerMemory(max_states=3)
+    scorer = memory.scorer_for(_snapshot([_pod("p", 500)]))
+    for free in range(0, 1000, 100):
+        scorer.node_fragmentation(4000, 4096, (free, 1000), "A")
+        assert len(scorer._memo) <= 4
+    assert scorer.node_fragmentation(4000, 4096, (0, 1000), "A") == pytest.approx(
+        scorer_for_snapshot(_snapshot([_pod("p", 500)])).node_fragmentation(
+            4000, 4096, (0, 1000), "A"
+        )
+    )
+
+
+@pytest.mark.parametrize(("used", "fits"), [((600, 600), False), ((600, 0), True)])
+def test_a_request_by_gpu_memory_is_checked_once_sized_for_the_node(
+    used: tuple[int, ...], fits: bool
+) -> None:
+    """8 GiB of a 16 GiB device is 500 thousandths there: it fits a device with 1000 free,
+    not two with 400 (800 free in all)."""
+    node = Node(
+        "m1",
+        Resources({"cpu": 64000, "memory": 256 << 30, GPU: 2}),
+        labels=((GPU_MODEL_LABEL, "A"),),
+        gpu_memory_mib=16 * 1024,
+    )
+    running = [
+        _pod(f"old{d}", u, node_name="m1", phase=PodPhase.RUNNING, gpu_grant=((d, u),))
+        for d, u in enumerate(used)
+        if u
+    ]
+    new = Pod(
+        uid="new",
+        namespace="ns",
+        name="new",
+        requests=Resources({"cpu": 1000, "memory": 1 << 30}),
+        gpu=GpuRequest(1, memory_mib=8 * 1024),
+        gang="ns/new",
+        queue="q",
+    )
+    snap = Snapshot(nodes=(node,), pods=(*running, new))
+    _Counting.picks = 0
+    result = place_gangs(
+        ClusterState.from_snapshot(snap), [GangRequest("ns/new", "q", required=(new,))], _Counting()
+    )
+    if fits:
+        assert [a.gpu_grant for a in result.assignments] == [((1, 500),)]
+    else:
+        assert result.assignments == [] and _Counting.picks == 0
+
+
+def test_score_many_equals_scoring_one_by_one() -> None:
+    """Candidates of two models and two device counts, measured together, score exactly as
+    they do alone (with the model-scarcity term on)."""
+    import random
+
+    from scheduler.framework.scoring import BatchScorer
+
+    rng = random.Random(7)
+    pods = [
+        _pod(f"p{i}", rng.choice((300, 500, 1000)), model=rng.choice((None, "A")))
+        for i in range(30)
+    ]
+    nodes = [_node(f"n{i}", rng.choice((2, 4)), rng.choice(("A", "B"))) for i in range(12)]
+
+    class View:
+        def __init__(self, node: Node, gpu_free: list[int], cpu: int) -> None:
+            self.node = node
+            self.gpu_free = gpu_free
+            self.free = {"cpu": cpu, "memory": 64 << 30}
+
+    candidates = []
+    for n in nodes:
+        gpus = n.allocatable[GPU]
+        free = [rng.choice((0, 200, 500, 700, 1000)) for _ in range(gpus)]
+        i = max(range(gpus), key=free.__getitem__)
+        milli = min(free[i], rng.choice((300, 500)))
+        demand = PodDemand(Resources({"cpu": 1000, "memory": 1 << 30}), 1, milli)
+        candidates.append((View(n, free, rng.choice((2000, 16000))), demand, ((i, milli),)))
+    batch = scorer_for_snapshot(_snapshot(pods), {"A": 3000, "B": 9000})
+    alone = scorer_for_snapshot(_snapshot(pods), {"A": 3000, "B": 9000})
+    assert isinstance(batch, BatchScorer)
+    together = batch.score_many(candidates)
+    assert batch.scarcity  # the term is on
+    assert together == [alone.score(*c) for c in candidates]
+    assert len(set(together)) > 3  # the candidates differ
