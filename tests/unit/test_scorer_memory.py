@@ -137,6 +137,33 @@ class _Counting(FragmentationScorer):
         return super().pick_devices(node, demand)
 
 
+def _place_beside(
+    node: Node, used: tuple[int, ...], gpu: GpuRequest
+) -> list[tuple[tuple[int, int], ...]]:
+    """Grants of a new pod asking ``gpu`` on ``node``, whose devices already hold ``used``;
+    counts the picker's calls in ``_Counting.picks``."""
+    running = [
+        _pod(f"old{d}", u, node_name=node.name, phase=PodPhase.RUNNING, gpu_grant=((d, u),))
+        for d, u in enumerate(used)
+        if u
+    ]
+    new = Pod(
+        uid="new",
+        namespace="ns",
+        name="new",
+        requests=Resources({"cpu": 1000, "memory": 1 << 30}),
+        gpu=gpu,
+        gang="ns/new",
+        queue="q",
+    )
+    snap = Snapshot(nodes=(node,), pods=(*running, new))
+    _Counting.picks = 0
+    result = place_gangs(
+        ClusterState.from_snapshot(snap), [GangRequest("ns/new", "q", required=(new,))], _Counting()
+    )
+    return [a.gpu_grant for a in result.assignments]
+
+
 @pytest.mark.parametrize(
     ("used", "count", "milli", "fits"),
     [
@@ -153,26 +180,7 @@ def test_devices_are_checked_on_the_class_before_any_picker(
 ) -> None:
     """The class key's sorted free devices decide whether ``count`` devices of ``milli``
     exist; a class that fails costs no picker call, one that passes gets its devices."""
-    running = [
-        _pod(f"old{d}", u, node_name="a1", phase=PodPhase.RUNNING, gpu_grant=((d, u),))
-        for d, u in enumerate(used)
-        if u
-    ]
-    new = Pod(
-        uid="new",
-        namespace="ns",
-        name="new",
-        requests=Resources({"cpu": 1000, "memory": 1 << 30}),
-        gpu=GpuRequest(count, milli),
-        gang="ns/new",
-        queue="q",
-    )
-    snap = Snapshot(nodes=(_node("a1", 4, "A"),), pods=(*running, new))
-    _Counting.picks = 0
-    result = place_gangs(
-        ClusterState.from_snapshot(snap), [GangRequest("ns/new", "q", required=(new,))], _Counting()
-    )
-    placed = [a.gpu_grant for a in result.assignments]
+    placed = _place_beside(_node("a1", 4, "A"), used, GpuRequest(count, milli))
     if fits:
         (grant,) = placed
         assert len(grant) == count and all(used[i] + m <= 1000 for i, m in grant)
@@ -206,29 +214,11 @@ def test_a_request_by_gpu_memory_is_checked_once_sized_for_the_node(
         labels=((GPU_MODEL_LABEL, "A"),),
         gpu_memory_mib=16 * 1024,
     )
-    running = [
-        _pod(f"old{d}", u, node_name="m1", phase=PodPhase.RUNNING, gpu_grant=((d, u),))
-        for d, u in enumerate(used)
-        if u
-    ]
-    new = Pod(
-        uid="new",
-        namespace="ns",
-        name="new",
-        requests=Resources({"cpu": 1000, "memory": 1 << 30}),
-        gpu=GpuRequest(1, memory_mib=8 * 1024),
-        gang="ns/new",
-        queue="q",
-    )
-    snap = Snapshot(nodes=(node,), pods=(*running, new))
-    _Counting.picks = 0
-    result = place_gangs(
-        ClusterState.from_snapshot(snap), [GangRequest("ns/new", "q", required=(new,))], _Counting()
-    )
+    placed = _place_beside(node, used, GpuRequest(1, memory_mib=8 * 1024))
     if fits:
-        assert [a.gpu_grant for a in result.assignments] == [((1, 500),)]
+        assert placed == [((1, 500),)]
     else:
-        assert result.assignments == [] and _Counting.picks == 0
+        assert placed == [] and _Counting.picks == 0
 
 
 def test_score_many_equals_scoring_one_by_one() -> None:
