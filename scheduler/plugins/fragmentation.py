@@ -50,10 +50,12 @@ __all__ = [
     "device_sums",
     "fragmentation",
     "free_gpu_by_model",
+    "frozen_capacity",
     "model_scarcity",
     "pinned_demand",
     "refresh_due",
     "scorer_for_snapshot",
+    "snapshot_mix",
     "task_type",
 ]
 
@@ -629,16 +631,28 @@ def task_type(pod: Pod) -> TaskType:
     )
 
 
-def scorer_for_snapshot(
-    snapshot: Snapshot, free: Mapping[str, int] | None = None
-) -> FragmentationScorer:
-    """A scorer whose target workload is every live pod in ``snapshot`` (running and
-    pending): the cluster's own mix is the best guess of what arrives next. ``free`` (GPU
-    thousandths free per model before the cycle) turns on the model-scarcity term."""
+def snapshot_mix(snapshot: Snapshot) -> tuple[WorkloadMix, list[str]]:
+    """The task types of every live pod in ``snapshot`` (running and pending: the cluster's
+    own mix is the best guess of what arrives next) and the GPU models of its nodes."""
     mix = WorkloadMix()
     for pod in snapshot.pods:
         if pod.active:
             mix.add(task_type(pod))
-    models = sorted({m for n in snapshot.nodes if (m := n.gpu_model)})
-    frozen = dict(free) if free is not None else None
-    return FragmentationScorer(mix, models, capacity=None if frozen is None else lambda: frozen)
+    return mix, sorted({m for n in snapshot.nodes if (m := n.gpu_model)})
+
+
+def frozen_capacity(free: Mapping[str, int] | None) -> Callable[[], Mapping[str, int]] | None:
+    """A scorer's ``capacity`` reading a copy of ``free`` (None: no model-scarcity term)."""
+    if free is None:
+        return None
+    frozen = dict(free)
+    return lambda: frozen
+
+
+def scorer_for_snapshot(
+    snapshot: Snapshot, free: Mapping[str, int] | None = None
+) -> FragmentationScorer:
+    """A scorer whose target workload is :func:`snapshot_mix`. ``free`` (GPU thousandths
+    free per model before the cycle) turns on the model-scarcity term."""
+    mix, models = snapshot_mix(snapshot)
+    return FragmentationScorer(mix, models, capacity=frozen_capacity(free))

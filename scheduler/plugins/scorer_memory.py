@@ -1,7 +1,7 @@
 """The fragmentation scorer kept from one cycle to the next.
 
 A cycle's fragmentation scorer measures node states against the cluster's own workload mix
-(:func:`~scheduler.plugins.fragmentation.scorer_for_snapshot`). Built afresh each cycle it
+(:func:`~scheduler.plugins.fragmentation.snapshot_mix`). Built afresh each cycle it
 measures every node state again, though between two cycles only the nodes that took pods
 changed, and the mix moved by the few pods that arrived or left: on the openb replay at
 batch 64 that re-measuring was a quarter of the cycle.
@@ -20,7 +20,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from scheduler.cluster.snapshot import Snapshot
-from scheduler.plugins.fragmentation import FragmentationScorer, WorkloadMix, scorer_for_snapshot
+from scheduler.plugins.fragmentation import (
+    FragmentationScorer,
+    WorkloadMix,
+    frozen_capacity,
+    snapshot_mix,
+)
 
 __all__ = ["ScorerMemory", "mix_distance"]
 
@@ -55,19 +60,22 @@ class ScorerMemory:
     def scorer_for(
         self, snapshot: Snapshot, free: Mapping[str, int] | None = None
     ) -> FragmentationScorer:
-        """A scorer for this cycle (see :func:`scorer_for_snapshot` for ``free``)."""
-        fresh = scorer_for_snapshot(snapshot, free)
+        """A scorer for this cycle; ``free`` (GPU thousandths free per model) turns on the
+        model-scarcity term."""
+        mix, models = snapshot_mix(snapshot)
+        capacity = frozen_capacity(free)
         kept, basis = self._kept, self._basis
         if (
             kept is not None
             and basis is not None
-            and fresh.models == self._models
-            and mix_distance(basis, fresh.mix) <= self.tolerance
+            and models == self._models
+            and mix_distance(basis, mix) <= self.tolerance
         ):
-            kept.retarget(fresh.mix, fresh.capacity)
+            kept.retarget(mix, capacity)
             self.reused += 1
             return kept
+        fresh = FragmentationScorer(mix, models, capacity=capacity)
         fresh.memo_limit = self.max_states
-        self._kept, self._basis, self._models = fresh, fresh.mix, list(fresh.models)
+        self._kept, self._basis, self._models = fresh, mix, models
         self.built += 1
         return fresh

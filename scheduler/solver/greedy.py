@@ -235,7 +235,8 @@ class ClassIndex:
         if demand is None or not slot.fits(demand):
             return None
         count = demand.gpu_count
-        if count and (len(devices) < count or devices[-count] < demand.gpu_milli):
+        by_memory = gpu is not None and gpu.memory_mib is not None
+        if by_memory and count and (len(devices) < count or devices[-count] < demand.gpu_milli):
             return None
         skey: object = None
         if self.keyer is not None:
