@@ -217,6 +217,7 @@ def _placement(raw: Any, base: PlacementSettings) -> PlacementSettings:
         "gpu": _strategy,
         "cpu": _strategy,
         "scoring": _scoring,
+        "holdStrandingShares": _bool,
         "solverWorkers": lambda v, k: _int(v, k, 1),
         "greedyOnly": _bool,
         "takeBack": _bool,
@@ -228,6 +229,7 @@ def _placement(raw: Any, base: PlacementSettings) -> PlacementSettings:
         "gpu": "gpu_strategy",
         "cpu": "cpu_strategy",
         "scoring": "scoring",
+        "holdStrandingShares": "hold_stranding_shares",
         "solverWorkers": "workers",
         "greedyOnly": "greedy_only",
         "takeBack": "take_back",
@@ -235,7 +237,15 @@ def _placement(raw: Any, base: PlacementSettings) -> PlacementSettings:
         "takeBackGangs": "take_back_gangs",
     }
     changes = {names[k]: parsers[k](v, f"placement.{k}") for k, v in data.items()}
-    return replace(base, **changes)
+    out = replace(base, **changes)
+    if out.hold_stranding_shares and out.scoring != "fragmentation":
+        # The guard reads the fragmentation scorer's mix: with packing it would do nothing.
+        raise ConfigError(
+            "placement.holdStrandingShares",
+            "needs placement.scoring: fragmentation (it judges a device's remainder by the "
+            "workload mix that scoring measures); set scoring or remove the key",
+        )
+    return out
 
 
 def _leader_election(raw: Any, base: LeaderElectionSettings) -> LeaderElectionSettings:

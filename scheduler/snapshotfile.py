@@ -66,6 +66,7 @@ def config_to_mapping(config: SchedulerConfig) -> dict[str, Any]:
             "gpu": p.gpu_strategy,
             "cpu": p.cpu_strategy,
             "scoring": p.scoring,
+            "holdStrandingShares": p.hold_stranding_shares,
             "solverWorkers": p.workers,
             "greedyOnly": p.greedy_only,
             "takeBack": p.take_back,

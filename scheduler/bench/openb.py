@@ -84,6 +84,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="weight of the model-scarcity term (0: off); the greedy engine only (batch 1): "
         "the live cycle uses the scorer's default, 1",
     )
+    p.add_argument(
+        "--hold-stranding",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="policy frag: placement.holdStrandingShares (a share waits rather than strand "
+        "an idle device once capacity is scarce; default on; --no-hold-stranding for off)",
+    )
     p.add_argument("--mix", default=None, help=f"re-sample the pods; knobs {', '.join(MIX_KEYS)}")
     p.add_argument(
         "--slice",
@@ -175,7 +182,7 @@ def _prefix(pods: Sequence[TracePod], milli: float, batch: int) -> int:
     return len(pods)
 
 
-Job = tuple[list[TraceNode], list[TracePod], int, int, str, float, str | None, str, float]
+Job = tuple[list[TraceNode], list[TracePod], int, int, str, float, str | None, str, float, bool]
 
 
 def _engine(engine: str, batch: int, policy: str) -> Engine:
@@ -183,14 +190,18 @@ def _engine(engine: str, batch: int, policy: str) -> Engine:
 
 
 def _one(job: Job) -> dict[str, Any]:
-    nodes, pods, seed, batch, policy, inflate_to, mix, engine, scarcity = job
+    nodes, pods, seed, batch, policy, inflate_to, mix, engine, scarcity, hold = job
     _quiet()
     ordered = arrival_order(pods, nodes, seed=seed, inflate_to=inflate_to, mix=parse_mix(mix))
     result = replay(
         nodes,
         ordered,
         ReplaySettings(
-            batch=batch, policy=cast(Policy, policy), scarcity_weight=scarcity, tie_seed=seed
+            batch=batch,
+            policy=cast(Policy, policy),
+            scarcity_weight=scarcity,
+            tie_seed=seed,
+            hold_stranding=hold and policy == "frag",
         ),
         engine=_engine(engine, batch, policy),
     )
@@ -265,7 +276,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     start = time.perf_counter()
     jobs = [
-        (nodes, pods, s, b, args.policy, args.inflate, args.mix, args.engine, args.scarcity_weight)
+        (
+            nodes,
+            pods,
+            s,
+            b,
+            args.policy,
+            args.inflate,
+            args.mix,
+            args.engine,
+            args.scarcity_weight,
+            args.hold_stranding,
+        )
         for b in batches
         for s in seeds
     ]
@@ -274,6 +296,7 @@ def run(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {
         "benchmark": "openb",
         "policy": args.policy,
+        "hold_stranding": args.hold_stranding and args.policy == "frag",
         "mix": args.mix or "default",
         "seeds": seeds,
         "inflate": args.inflate,

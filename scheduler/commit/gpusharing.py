@@ -55,6 +55,7 @@ from scheduler.explain.codes import (
     CAPACITY_TAKEN,
     EXCEEDS_CLUSTER,
     GANG_DOES_NOT_FIT,
+    HELD_TO_AVOID_STRANDING,
     INSUFFICIENT_ON_ONE_NODE,
     NO_MATCHING_NODE,
     NODE_TOO_SMALL,
@@ -75,10 +76,12 @@ _FINISHED = ("Failed", "Succeeded")
 #: Why a gang waits when a new node would let it run: no node has room (also when this
 #: cycle's placements took it: they are as real), or none matches its selector (the
 #: autoscaler may have a node group that does). Not queue limits, gates, gangs still being
-#: created or pod affinity - more nodes do not help those.
+#: created or pod affinity - more nodes do not help those. A share held back rather than
+#: strand an idle device waits because capacity is scarce: a new node is what it waits for.
 SCALE_FOR = frozenset(
     {
         INSUFFICIENT_ON_ONE_NODE,
+        HELD_TO_AVOID_STRANDING,
         GANG_DOES_NOT_FIT,
         CAPACITY_TAKEN,
         EXCEEDS_CLUSTER,

@@ -7,8 +7,10 @@ must change (nodes, queue settings, the gang). Every other code may clear up by 
 The queue codes and the pod codes found before solving (``UnsupportedField``,
 ``VolumeNotFound``, ``VolumeNotBound``, ``SchedulingGated``) come from
 :mod:`scheduler.fairness`, and the ResourceClaim codes (``ResourceClaimNotReady``, and
-``DevicesUnavailable`` from the solver's greedy pass) from :mod:`scheduler.cluster.dracodes`;
-they are repeated here so one import gives the whole list.
+``DevicesUnavailable`` from the solver's greedy pass) from :mod:`scheduler.cluster.dracodes`,
+and ``HeldToAvoidStranding`` (``placement.holdStrandingShares``) from
+:mod:`scheduler.plugins.strand_guard`; they are repeated here so one import gives the whole
+list.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from scheduler.fairness.findings import (
     VOLUME_NOT_BOUND,
     VOLUME_NOT_FOUND,
 )
+from scheduler.plugins.strand_guard import HELD_CODE as HELD_TO_AVOID_STRANDING
 
 __all__ = [
     "ALL_CODES",
@@ -35,6 +38,7 @@ __all__ = [
     "EXCEEDS_QUEUE_QUOTA",
     "GANG_DOES_NOT_FIT",
     "GANG_INCOMPLETE",
+    "HELD_TO_AVOID_STRANDING",
     "INSUFFICIENT_ON_ONE_NODE",
     "NEVER_CODES",
     "NODE_TOO_SMALL",
@@ -105,6 +109,7 @@ ALL_CODES: tuple[str, ...] = (
     POD_ANTI_AFFINITY,
     TOPOLOGY_SPREAD,
     DEVICES_UNAVAILABLE,
+    HELD_TO_AVOID_STRANDING,
     CAPACITY_TAKEN,
     NOT_PLACED_THIS_CYCLE,
 )

@@ -30,6 +30,7 @@ __all__ = [
     "BatchScorer",
     "Candidate",
     "DevicePicker",
+    "HoldsShares",
     "NodeScorer",
     "NodeView",
     "PodDemand",
@@ -111,6 +112,22 @@ class ScoreKey(Protocol):
 
     def score_key(self, node: NodeView) -> object:
         """Hashable summary of what :meth:`NodeScorer.score` reads besides devices."""
+        ...
+
+
+@runtime_checkable
+class HoldsShares(Protocol):
+    """Optional: a scorer that may keep a pod taking part of one device off a node class
+    even though it fits there (see :mod:`scheduler.plugins.strand_guard`). The greedy asks
+    before it takes a class whose devices include an idle one; a reason means "not here":
+    the search goes on, and a pod held everywhere fails with that reason."""
+
+    def held(
+        self, model: str | None, count: int, milli: int, before: int, room: tuple[int, int]
+    ) -> str | None:
+        """Why a pod taking ``milli`` thousandths of ``count`` device(s) of GPU model
+        ``model``, one of which had ``before`` free, should wait (None: it may go there).
+        ``room``: (free, total) GPU thousandths of the model's placeable nodes."""
         ...
 
 

@@ -38,6 +38,7 @@ from scheduler.cluster.pod import Pod
 from scheduler.cluster.resources import CPU, MEMORY
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.framework.scoring import Candidate, NodeView, PodDemand
+from scheduler.plugins.strand_guard import fitting_share, hold_reason
 
 __all__ = [
     "Candidates",
@@ -46,6 +47,7 @@ __all__ = [
     "MixArrays",
     "TaskType",
     "WorkloadMix",
+    "allowed_models",
     "candidate_fragmentation",
     "device_sums",
     "fragmentation",
@@ -426,6 +428,10 @@ class FragmentationScorer:
         self.memo_limit = 500_000
         #: Bumped whenever scores change (a rebuilt mix): cached rankings must be dropped.
         self.generation = 0
+        #: Hold a share back rather than strand an idle device (:mod:`.strand_guard`).
+        self.hold_stranding = False
+        #: (arrays generation, model, remainder) -> :func:`fitting_share`
+        self._fits: dict[tuple[int, str | None, int], float] = {}
 
     def observe(self, demand: PodDemand, models: Sequence[str] = ()) -> None:
         """Count one more pod of this shape in the target workload."""
@@ -475,6 +481,25 @@ class FragmentationScorer:
             self.scarcity = {}
             if capacity is not None and self.scarcity_weight:
                 self.scarcity = model_scarcity(pinned_demand(mix), capacity())
+
+    def held(
+        self, model: str | None, count: int, milli: int, before: int, room: tuple[int, int]
+    ) -> str | None:
+        """Why a pod taking ``milli`` of ``count`` device(s) of ``model``, one of which had
+        ``before`` free, should wait rather than strand the device's rest (None: place it;
+        always None unless :attr:`hold_stranding`). ``room``: (free, total) GPU thousandths
+        of the model's placeable nodes. See :mod:`scheduler.plugins.strand_guard`."""
+        if not self.hold_stranding or count != 1 or before != GPU_MILLI or milli >= GPU_MILLI:
+            return None
+        key = (self.generation, model, GPU_MILLI - milli)
+        fit = self._fits.get(key)
+        if fit is None:
+            mix = self._mix(model)
+            index = self.models.index(model) if model in self.models else -1
+            if len(self._fits) > 10_000:
+                self._fits.clear()
+            fit = self._fits[key] = fitting_share(mix, index, GPU_MILLI - milli)
+        return hold_reason(count, milli, before, fit, room, model)
 
     def node_fragmentation(
         self, cpu: int, mem_mib: int, gpu_free: Sequence[int], model: str | None
@@ -599,7 +624,7 @@ def _task_of(demand: PodDemand, models: Sequence[str]) -> TaskType:
     )
 
 
-def _allowed_models(pod: Pod) -> tuple[str, ...]:
+def allowed_models(pod: Pod) -> tuple[str, ...]:
     """GPU models a pod is pinned to by nodeSelector or required affinity (empty = any).
 
     Only the common ``In`` form on the model label counts; anything more complex is
@@ -627,7 +652,7 @@ def task_type(pod: Pod) -> TaskType:
         pod.requests.get(MEMORY, 0) // MIB,
         count,
         gpu.milli if gpu is not None and count else 0,
-        _allowed_models(pod) if count else (),
+        allowed_models(pod) if count else (),
     )
 
 

@@ -103,6 +103,10 @@ class ReplaySettings:
     scarcity_weight: float = 1.0
     #: Seed of the ``paper-bestfit`` baseline's random choice among equally scored nodes.
     tie_seed: int = 0
+    #: ``frag`` policy, live engines (``greedy``, ``cycle``): hold a share back rather than
+    #: strand an idle device (``placement.holdStrandingShares``; see
+    #: :mod:`scheduler.plugins.strand_guard`).
+    hold_stranding: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +172,7 @@ def _greedy_engine(nodes: Sequence[TraceNode], settings: ReplaySettings) -> Cycl
         ),
         scarcity_weight=settings.scarcity_weight,
     )
+    scorer.hold_stranding = settings.hold_stranding
     # One index for the whole replay: between refreshes of the mix a class keeps its score,
     # so a cycle re-ranks only the classes the previous one changed.
     index = ClassIndex(state, scorer)
@@ -209,7 +214,9 @@ def _cycle_engine(nodes: Sequence[TraceNode], settings: ReplaySettings) -> Cycle
     cluster = SimulatedCluster([to_node(n) for n in nodes], [Queue(TRACE_QUEUE)])
     # Nothing is taken back: the trace's pods stay where they land (as in the FGD paper).
     placement = PlacementSettings(
-        scoring="packing" if settings.policy == "bestfit" else "fragmentation", take_back=False
+        scoring="packing" if settings.policy == "bestfit" else "fragmentation",
+        take_back=False,
+        hold_stranding_shares=settings.hold_stranding,
     )
 
     # One event loop for every cycle: asyncio.run() in the main thread installs a SIGINT

@@ -38,16 +38,19 @@ from scheduler.framework.filters import (
 from scheduler.framework.scoring import (
     BatchScorer,
     DevicePicker,
+    HoldsShares,
     NodeScorer,
     PodDemand,
     ScoreKey,
 )
+from scheduler.plugins.fragmentation import allowed_models
 from scheduler.plugins.packing import PackingScorer
 from scheduler.plugins.podtopology import (
     SPREAD_IGNORED,
     NodeCheck,
     Preference,
 )
+from scheduler.plugins.strand_guard import HELD_CODE
 from scheduler.solver.placement import PodAssignment
 from scheduler.solver.queues import QueueBook
 from scheduler.solver.state import ClassKey, ClusterState, NodeSlot, pick_devices, uses_node_name
@@ -179,6 +182,11 @@ class ClassIndex:
         self._accepts: dict[tuple[object, int], bool] = {}
         #: whether the last :meth:`best` found room that only the topology check refused
         self.refused_by_rules = False
+        #: Holds shares back rather than strand idle devices (:mod:`~scheduler.plugins.
+        #: strand_guard`), when the scorer does.
+        self.holder = scorer if isinstance(scorer, HoldsShares) else None
+        #: why the last :meth:`best` passed over room (the strand guard's reason), if it did
+        self.held_reason: str | None = None
 
     def close(self) -> None:
         """Stop following the state."""
@@ -321,6 +329,10 @@ class ClassIndex:
         classes = self.state.classes
         heap = sh.heap
         refused: list[tuple[float, int, ClassKey]] = []
+        held: list[tuple[float, int, ClassKey]] = []
+        guarded = self.holder is not None and _may_strand(pod)
+        asked: dict[tuple[str | None, int], str | None] = {}
+        self.held_reason = None
         seen: list[str] = []  # allowed candidates, in packing order (with ``prefer``)
         points: list[float | None] = []  # their kube-scheduler resource scores, if any
         try:
@@ -328,6 +340,12 @@ class ClassIndex:
                 key = heap[0][2]
                 members = classes.get(key)
                 if members:
+                    if guarded and key[2] and key[2][-1] >= GPU_MILLI:
+                        reason = self._held(pod, key, asked)
+                        if reason is not None:
+                            self.held_reason = reason
+                            held.append(heapq.heappop(heap))
+                            continue
                     if prefer is not None:
                         allowed = self._allowed(members, accept, PER_CLASS_CANDIDATES)
                         if allowed:
@@ -348,9 +366,31 @@ class ClassIndex:
                 sh.in_heap.discard(key)
             return _preferred(seen, prefer, points) if prefer is not None else None
         finally:
-            for entry in refused:  # refused for this pod only: the class stays ranked
+            for entry in (*refused, *held):  # for this pod only: the class stays ranked
                 heapq.heappush(heap, entry)
             self.refused_by_rules = bool(refused) and not seen
+
+    def _held(
+        self, pod: Pod, key: ClassKey, asked: dict[tuple[str | None, int], str | None]
+    ) -> str | None:
+        """The strand guard's reason to keep ``pod`` off class ``key`` (a class with an idle
+        device), from the device its picker would take there and the free room now.
+        ``asked``: the guard's answers for an idle device per (model, thousandths) in this
+        search (the room does not change during it)."""
+        assert self.holder is not None
+        slot = self.state.representative(key)
+        demand = self.state.demand_on(pod, slot) if slot is not None else None
+        if slot is None or demand is None or demand.gpu_count != 1:
+            return None
+        milli, model = demand.gpu_milli, slot.node.gpu_model
+        if (model, milli) not in asked:
+            room = self.state.gpu_room(allowed_models(pod))
+            asked[(model, milli)] = self.holder.held(model, 1, milli, GPU_MILLI, room)
+        reason = asked[(model, milli)]
+        if reason is None or not any(milli <= f < GPU_MILLI for f in key[2]):
+            return reason  # no partly used device fits: the picker can only take an idle one
+        grant = self.grant(pod, demand, slot.name)
+        return reason if grant and slot.gpu_free[grant[0][0]] >= GPU_MILLI else None
 
     def _points(self, node: str, score: float) -> float | None:
         """kube-scheduler's resource score of ``node`` from its class score, when the scorer
@@ -456,6 +496,14 @@ def _kube_normalised(parts: Sequence[tuple[float, float, float]]) -> list[list[f
     top = max(p[2] for p in parts)
     wanted = [_MAX_NODE_SCORE * p[2] / top if top > 0 else 0.0 for p in parts]
     return [near, spread, wanted]
+
+
+def _may_strand(pod: Pod) -> bool:
+    """Whether ``pod`` takes part of one device (what the strand guard looks at)."""
+    gpu = pod.gpu
+    return (
+        gpu is not None and gpu.count == 1 and (gpu.memory_mib is not None or gpu.milli < GPU_MILLI)
+    )
 
 
 def node_check(state: ClusterState, pod: Pod) -> NodeCheck | None:
@@ -599,7 +647,8 @@ def place_gangs(
     elif index.state is not state:
         raise ValueError("place_gangs: the index must follow the state being placed onto")
     result = GreedyResult()
-    failed_shapes: set[tuple[int, ...]] = set()
+    # shape signature -> why it failed (the strand guard's reason, or no room)
+    failed_shapes: dict[tuple[int, ...], tuple[str, str]] = {}
     explained = 0
     interned: dict[ShapeKey, int] = {}
     try:
@@ -621,7 +670,7 @@ def place_gangs(
             # Devices of claims are not part of the shape either.
             ruled = any(state.needs_topology(p) or state.needs_devices(p) for p in pods)
             if signature in failed_shapes and not ruled:
-                result.failed[gang.key] = (NO_FIT, "no room for the whole gang")
+                result.failed[gang.key] = failed_shapes[signature]
                 continue
             done: list[PodAssignment] = []
             for pod in pods:
@@ -641,8 +690,12 @@ def place_gangs(
                 if why is not None:
                     result.failed[gang.key] = why
                     continue
-                failed_shapes.add(signature)
-                result.failed[gang.key] = (NO_FIT, "no room for the whole gang")
+                held = index.held_reason
+                failed_shapes[signature] = result.failed[gang.key] = (
+                    (HELD_CODE, f"pod {pods[len(done)].key}: {held}")
+                    if held is not None
+                    else (NO_FIT, "no room for the whole gang")
+                )
                 log.debug("gang_not_placed", gang=gang.key, queue=gang.queue, cycle=cycle)
                 continue
             result.placed[gang.key] = done

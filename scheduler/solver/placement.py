@@ -52,6 +52,12 @@ class PlacementSettings:
     #: How the greedy ranks nodes and devices (see :data:`Scoring`). With ``fragmentation``
     #: CP-SAT's quality term follows the scorer (:mod:`scheduler.solver.quality`).
     scoring: Scoring = "packing"
+    #: With ``fragmentation`` scoring: keep a pod taking part of one device pending rather
+    #: than let it strand the rest of an idle device that almost nothing in the workload
+    #: fits, while less of its GPU model's capacity is free than it would strand
+    #: (:mod:`scheduler.plugins.strand_guard`). Opt-in: it leaves pods waiting beside idle
+    #: devices, for more GPU allocated once capacity is scarce.
+    hold_stranding_shares: bool = False
     #: Wall-clock budget for the optimising stages of a cycle: CP-SAT placement (the greedy
     #: answer is used if time runs out), then taking back with what is left of it (at least
     #: 0.2 s, see :data:`scheduler.solver.takeback.MIN_BUDGET_SECONDS`).

@@ -37,7 +37,7 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
 
 import structlog
@@ -47,13 +47,19 @@ from scheduler.cluster.snapshot import Snapshot
 from scheduler.explain.codes import POD_AFFINITY, POD_ANTI_AFFINITY, TOPOLOGY_SPREAD
 from scheduler.fairness import FairShareReport, compute_fair_shares
 from scheduler.framework.scoring import NodeScorer
-from scheduler.plugins.fragmentation import free_gpu_by_model, scorer_for_snapshot
+from scheduler.plugins.fragmentation import (
+    FragmentationScorer,
+    free_gpu_by_model,
+    scorer_for_snapshot,
+)
 from scheduler.plugins.packing import PackingScorer
 from scheduler.plugins.scorer_memory import ScorerMemory
+from scheduler.plugins.strand_guard import HELD_CODE
 from scheduler.solver.batch_order import better_batch
 from scheduler.solver.cpsat import CpResult
 from scheduler.solver.cpsat_topology import place_ruled_exactly
 from scheduler.solver.greedy import GangRequest, GreedyResult, place_gangs
+from scheduler.solver.held_shares import ShareHold
 from scheduler.solver.hybrid import admission_key, current_classes
 from scheduler.solver.outcomes import capacities, gang_outcomes
 from scheduler.solver.placement import (
@@ -197,6 +203,7 @@ def _solve(
             cycle=cycle,
         )
 
+    hold: ShareHold | None = None
     try:
         if scorer is None and settings.scoring == "fragmentation":
             free = free_gpu_by_model((s.node.gpu_model, s.gpu_free) for s in state.nodes.values())
@@ -205,7 +212,13 @@ def _solve(
                 if scorers is not None
                 else scorer_for_snapshot(snapshot, free)
             )
+            scorer.hold_stranding = settings.hold_stranding_shares
         scorer = scorer or packing
+        hold = (
+            ShareHold.at_start(state, scorer)
+            if isinstance(scorer, FragmentationScorer) and scorer.hold_stranding
+            else None
+        )
         greedy = run_greedy(state, scorer)
         if not settings.greedy_only:
             # The batch as a whole (fragmentation scorer, batches up to 128 gangs): a second,
@@ -225,7 +238,7 @@ def _solve(
         # A pluggable scorer (fragmentation) that trips on unusual input must not stop
         # scheduling: this cycle places with binpack/spread instead, on a fresh state.
         log.exception("scorer_failed", cycle=cycle, scorer=type(scorer).__name__)
-        scorer = packing
+        scorer, hold = packing, None
         state = ClusterState.from_snapshot(snapshot, label_keys=label_keys)
         initial = current_classes(state)
         greedy = run_greedy(state, scorer)
@@ -287,6 +300,10 @@ def _solve(
             break
         all_violations.extend(violations)
         log.error("placement_invalid", cycle=cycle, engine=engine.value, violations=violations[:20])
+    # The CP-SAT stage picks devices without asking the strand guard: its answer is checked.
+    stranding = hold.held(snapshot, assignments) if hold is not None and assignments else {}
+    if stranding:
+        assignments = [a for a in assignments if a.gang not in stranding]
     lap("validate")
     held = cp_assignments if cp_assignments is not None else greedy_list
     in_step = _bring_to(state, held, assignments)
@@ -294,7 +311,14 @@ def _solve(
     if in_step and settings.take_back and len({a.gang for a in assignments}) < len(problem.order):
         budget = settings.time_limit_seconds - (time.perf_counter() - optimise_started)
         backed = _take_back(
-            snapshot, free_problem, state, assignments, settings, scorer, cycle, budget=budget
+            snapshot,
+            _without(free_problem, stranding),
+            state,
+            assignments,
+            settings,
+            scorer,
+            cycle,
+            budget=budget,
         )
         taken = backed or TakeBack()
         in_step = backed is not None
@@ -307,8 +331,9 @@ def _solve(
     known = {
         k: v
         for k, v in greedy.failed.items()
-        if v[0] in TOPOLOGY_CODES or v[0] == DEVICES_UNAVAILABLE
+        if v[0] in TOPOLOGY_CODES or v[0] in (DEVICES_UNAVAILABLE, HELD_CODE)
     }
+    known.update(stranding)
     outcomes = gang_outcomes(problem, final, now, before, freed=taken.freed(), known=known)
     explain_seconds = time.perf_counter() - explain_started
     lap("explain")
@@ -341,6 +366,15 @@ def _solve(
         phases=phases,
     )
     return placement
+
+
+def _without(problem: Problem, gangs: Mapping[str, object]) -> Problem:
+    """``problem`` without ``gangs`` (held back by the strand guard: taking back must not
+    place them either)."""
+    if not gangs:
+        return problem
+    order = [g for g in problem.order if g.key not in gangs]
+    return Problem(problem.snapshot, problem.report, problem.pending, order)
 
 
 def _reported_objective(cp: CpResult | None, *, hybrid: bool) -> int:

@@ -93,6 +93,15 @@ def free_slots(nodes: Iterable[Node], usage: BoundUsage) -> list[NodeSlot]:
     return slots
 
 
+def room_of(
+    rooms: Mapping[str | None, Sequence[int]], models: Collection[str] = ()
+) -> tuple[int, int]:
+    """(free, total) GPU thousandths of the ``models`` (empty: all) in ``rooms``
+    (:meth:`ClusterState.gpu_rooms`)."""
+    picked = [r for m, r in rooms.items() if not models or m in models]
+    return sum(r[0] for r in picked), sum(r[1] for r in picked)
+
+
 class NodeSlot:
     """One node's mutable free resources and devices (implements ``NodeView``).
 
@@ -182,6 +191,9 @@ class ClusterState:
         #: Devices of ResourceClaims (:mod:`scheduler.solver.dra_state`); None when no pod
         #: of the cycle uses claims.
         self.dra: DraState | None = None
+        #: GPU model -> [free, total] thousandths of placeable nodes (built on first use,
+        #: then kept up to date by :meth:`apply` and :meth:`release`)
+        self._gpu_room: dict[str | None, list[int]] | None = None
         for slot in nodes:
             slot.static_id = self._static_id(slot.node)
             slot.key = slot.class_key()
@@ -324,6 +336,28 @@ class ClusterState:
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
+    def gpu_room(self, models: Collection[str] = ()) -> tuple[int, int]:
+        """(free, total) GPU thousandths on the placeable nodes of the GPU ``models`` (empty:
+        every GPU node)."""
+        return room_of(self.gpu_rooms(), models)
+
+    def gpu_rooms(self) -> Mapping[str | None, Sequence[int]]:
+        """GPU model -> [free, total] thousandths of its placeable nodes (live: copy it to
+        keep it)."""
+        if self._gpu_room is None:
+            room: dict[str | None, list[int]] = {}
+            for s in self.nodes.values():
+                if s.placeable and s.gpu_free:
+                    r = room.setdefault(s.node.gpu_model, [0, 0])
+                    r[0] += sum(s.gpu_free)
+                    r[1] += GPU_MILLI * len(s.gpu_free)
+            self._gpu_room = room
+        return self._gpu_room
+
+    def _room_changed(self, slot: NodeSlot, delta: int) -> None:
+        if self._gpu_room is not None and delta and slot.placeable:
+            self._gpu_room[slot.node.gpu_model][0] += delta
+
     def class_members(self, key: ClassKey) -> Iterator[str]:
         """Names of the nodes in a class (empty if the class is empty)."""
         return iter(self.classes.get(key, {}))
@@ -407,6 +441,7 @@ class ClusterState:
             free[k] = free.get(k, 0) - v
         for index, milli in assignment.gpu_grant:
             slot.gpu_free[index] -= milli
+        self._room_changed(slot, -sum(milli for _, milli in assignment.gpu_grant))
         slot.key = slot.class_key()
         self._join(slot)
         self.pods[pod.uid] = pod
@@ -450,9 +485,11 @@ class ClusterState:
             # Bound without a recorded grant: give back the most used devices.
             order = sorted(range(len(slot.gpu_free)), key=lambda i: slot.gpu_free[i])
             grant = tuple((i, demand.gpu_milli) for i in order[: demand.gpu_count])
+        before = sum(slot.gpu_free)
         for index, milli in grant:
             if 0 <= index < len(slot.gpu_free):
                 slot.gpu_free[index] = min(GPU_MILLI, slot.gpu_free[index] + milli)
+        self._room_changed(slot, sum(slot.gpu_free) - before)
         slot.key = slot.class_key()
         self._join(slot)
         if pod.pod_anti_affinity:

@@ -45,4 +45,7 @@ app.kubernetes.io/component: scheduler
 gpu: {{ default $default .Values.placement.gpu }}
 cpu: {{ default $default .Values.placement.cpu }}
 scoring: {{ default "packing" .Values.placement.scoring }}
+{{- if .Values.placement.holdStrandingShares }}
+holdStrandingShares: true
+{{- end }}
 {{- end -}}
