@@ -501,9 +501,7 @@ def _kube_normalised(parts: Sequence[tuple[float, float, float]]) -> list[list[f
 def _may_strand(pod: Pod) -> bool:
     """Whether ``pod`` takes part of one device (what the strand guard looks at)."""
     gpu = pod.gpu
-    return (
-        gpu is not None and gpu.count == 1 and (gpu.memory_mib is not None or gpu.milli < GPU_MILLI)
-    )
+    return gpu is not None and gpu.count == 1 and not gpu.whole
 
 
 def node_check(state: ClusterState, pod: Pod) -> NodeCheck | None:

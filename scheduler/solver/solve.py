@@ -37,7 +37,7 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from functools import partial
 
 import structlog
@@ -310,9 +310,14 @@ def _solve(
     taken = TakeBack()
     if in_step and settings.take_back and len({a.gang for a in assignments}) < len(problem.order):
         budget = settings.time_limit_seconds - (time.perf_counter() - optimise_started)
+        # Gangs the strand guard holds wait for capacity: nothing is evicted for them.
+        placed_gangs = {a.gang for a in assignments}
+        waiting = set(stranding) | {
+            k for k, v in greedy.failed.items() if v[0] == HELD_CODE and k not in placed_gangs
+        }
         backed = _take_back(
             snapshot,
-            _without(free_problem, stranding),
+            _without(free_problem, waiting),
             state,
             assignments,
             settings,
@@ -368,7 +373,7 @@ def _solve(
     return placement
 
 
-def _without(problem: Problem, gangs: Mapping[str, object]) -> Problem:
+def _without(problem: Problem, gangs: Collection[str]) -> Problem:
     """``problem`` without ``gangs`` (held back by the strand guard: taking back must not
     place them either)."""
     if not gangs:

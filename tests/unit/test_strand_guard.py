@@ -192,3 +192,17 @@ def test_config_needs_fragmentation_scoring() -> None:
     assert not parse_config(None).placement.hold_stranding_shares
     with pytest.raises(ConfigError, match=r"placement\.holdStrandingShares"):
         parse_config({"placement": {"holdStrandingShares": True}})
+
+
+def test_nothing_is_evicted_for_a_held_share() -> None:
+    """A higher-priority share held back waits for capacity: taking back must not make room
+    for it by preempting the running pods (it would then strand the device it freed)."""
+    used = {"a": [1000] * 6 + [0, 0], "b": FULL, "c": FULL}
+    snap = _cluster(used, [_pod("share", 810)])
+    gangs = tuple(
+        Gang("ns", g.name, queue="q", priority=100 if g.name == "share" else 0) for g in snap.gangs
+    )
+    snap = Snapshot(nodes=snap.nodes, pods=snap.pods, gangs=gangs, queues=snap.queues)
+    result = solve(snap, GUARDED)
+    assert result.evictions == () and result.assignments == ()
+    assert result.outcomes["ns/share"].reason_code == HELD_CODE
