@@ -26,7 +26,9 @@ priority where greedy left a gang out) in the scale of :class:`~.cpsat.Scale`;
 :attr:`Placement.best_bound` bounds that value over *every* valid placement, from a
 relaxation of the real problem (:mod:`.bound`), not from the pattern-capped model.
 
-Modules: ``state`` (ClusterState, classes), ``greedy``, ``patterns`` (node patterns and the
+Modules: ``state`` (ClusterState, classes), ``greedy`` (with ``why_not``: node checks and
+refusal reasons, ``preferences``: choosing by a pod's preferences), ``held_shares`` (the
+strand guard over a cycle's answer), ``patterns`` (node patterns and the
 canonical packer), ``rows`` (queue and fair-share rows shared by the models), ``quality``
 (the model's node cost), ``cpsat`` (the model), ``bound`` (the relaxation and its bound),
 ``guided`` (a relaxation-guided greedy answer), ``hybrid`` (stages by priority),

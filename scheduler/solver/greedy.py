@@ -17,24 +17,15 @@ best non-empty class in O(log classes).
 from __future__ import annotations
 
 import heapq
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import structlog
 
-from scheduler.cluster.dracodes import DEVICES_UNAVAILABLE
 from scheduler.cluster.node import GPU_MILLI
 from scheduler.cluster.pod import Pod
 from scheduler.cluster.queue import pod_queue_usage, pod_usage_triple
-from scheduler.explain.codes import POD_AFFINITY, POD_ANTI_AFFINITY, TOPOLOGY_SPREAD
-from scheduler.explain.topology import reason_code
-from scheduler.framework.filters import (
-    FilterInput,
-    first_failure,
-    format_unavailable,
-    node_rules_allow,
-)
+from scheduler.framework.filters import node_rules_allow
 from scheduler.framework.scoring import (
     BatchScorer,
     DevicePicker,
@@ -45,15 +36,13 @@ from scheduler.framework.scoring import (
 )
 from scheduler.plugins.fragmentation import allowed_models
 from scheduler.plugins.packing import PackingScorer
-from scheduler.plugins.podtopology import (
-    SPREAD_IGNORED,
-    NodeCheck,
-    Preference,
-)
+from scheduler.plugins.podtopology import NodeCheck, Preference
 from scheduler.plugins.strand_guard import HELD_CODE
 from scheduler.solver.placement import PodAssignment
+from scheduler.solver.preferences import PER_CLASS_CANDIDATES, PREFERENCE_CANDIDATES, preferred
 from scheduler.solver.queues import QueueBook
 from scheduler.solver.state import ClassKey, ClusterState, NodeSlot, pick_devices, uses_node_name
+from scheduler.solver.why_not import DETAILED_WHY_NOT, NO_FIT, node_check, why_not
 
 __all__ = [
     "ClassIndex",
@@ -71,8 +60,6 @@ log = structlog.get_logger(__name__)
 
 #: Everything about a pod that decides where it may go and what it takes.
 ShapeKey = tuple[object, ...]
-
-NO_FIT = "NoFit"
 
 
 def shape_key(pod: Pod) -> ShapeKey:
@@ -364,7 +351,7 @@ class ClassIndex:
                     continue
                 heapq.heappop(heap)
                 sh.in_heap.discard(key)
-            return _preferred(seen, prefer, points) if prefer is not None else None
+            return preferred(seen, prefer, points) if prefer is not None else None
         finally:
             for entry in (*refused, *held):  # for this pod only: the class stays ranked
                 heapq.heappush(heap, entry)
@@ -425,106 +412,10 @@ class ClassIndex:
         return None
 
 
-#: Nodes a pod with preferences chooses among: the first allowed ones in packing order
-#: (at most :data:`PER_CLASS_CANDIDATES` of a class). A preference never costs a scan of
-#: every node.
-PREFERENCE_CANDIDATES = 32
-PER_CLASS_CANDIDATES = 8
-#: Weights of the preference parts (pod affinity, spread, node affinity): kube-scheduler's
-#: default weights of InterPodAffinity, PodTopologySpread and NodeAffinity (2 each; its
-#: NodeResourcesFit and NodeResourcesBalancedAllocation weigh 1 each, 100 points a score).
-PREFERENCE_WEIGHTS = (2.0, 2.0, 2.0)
-#: Highest score of one kube-scheduler score plugin, after normalising.
-_MAX_NODE_SCORE = 100.0
-
-
-def _preferred(
-    candidates: Sequence[str], prefer: Preference, points: Sequence[float | None]
-) -> str | None:
-    """The candidate that meets the preferences best (the first such, in packing order).
-
-    When every candidate has a kube-scheduler resource score (``points``), the parts are
-    normalised as kube-scheduler normalises its scores and added to it with its default
-    weights, so a weak preference can lose to a much emptier node as it does there.
-    Otherwise the preferences outrank packing, which only orders the candidates."""
-    if not candidates:
-        return None
-    parts = [prefer(n) for n in candidates]
-    if all(p is not None for p in points) and len(points) == len(candidates):
-        totals = [float(p or 0.0) for p in points]
-        columns = _kube_normalised(parts)
-    else:
-        totals = [0.0] * len(candidates)
-        columns = [_min_max([p[i] for p in parts]) for i in range(len(PREFERENCE_WEIGHTS))]
-    for weight, column in zip(PREFERENCE_WEIGHTS, columns, strict=True):
-        for j, v in enumerate(column):
-            totals[j] += weight * v
-    best = max(totals)
-    return candidates[totals.index(best)]
-
-
-def _min_max(column: Sequence[float]) -> list[float]:
-    """``column`` scaled to [0, 1] between its lowest and highest value (all 0 when equal)."""
-    low, high = min(column), max(column)
-    if high <= low:
-        return [0.0] * len(column)
-    return [(v - low) / (high - low) for v in column]
-
-
-def _kube_normalised(parts: Sequence[tuple[float, float, float]]) -> list[list[float]]:
-    """The preference parts normalised to 0-100 as kube-scheduler's NormalizeScore does:
-
-    - InterPodAffinity: between the lowest and highest score (all 0 when equal);
-    - PodTopologySpread (the part is minus the matching pods): ``100 * (max + min - s) /
-      max`` over the matching counts ``s`` (100 when every count is 0), 0 for a node
-      without a constraint's key. Its per-constraint weights (log of the domain count) and
-      ``maxSkew - 1`` offsets are left out: with one constraint they change how far apart
-      nodes score, not their order;
-    - NodeAffinity: ``100 * s / max`` (all 0 when the highest is 0).
-    """
-    near = [_MAX_NODE_SCORE * v for v in _min_max([p[0] for p in parts])]
-    counts = [-p[1] if p[1] > -SPREAD_IGNORED / 2 else None for p in parts]
-    valid = [c for c in counts if c is not None]
-    spread = [0.0] * len(parts)
-    if valid:
-        low, high = min(valid), max(valid)
-        for j, c in enumerate(counts):
-            if c is not None:
-                spread[j] = (
-                    _MAX_NODE_SCORE if high <= 0 else _MAX_NODE_SCORE * (high + low - c) / high
-                )
-    top = max(p[2] for p in parts)
-    wanted = [_MAX_NODE_SCORE * p[2] / top if top > 0 else 0.0 for p in parts]
-    return [near, spread, wanted]
-
-
 def _may_strand(pod: Pod) -> bool:
     """Whether ``pod`` takes part of one device (what the strand guard looks at)."""
     gpu = pod.gpu
     return gpu is not None and gpu.count == 1 and not gpu.whole
-
-
-def node_check(state: ClusterState, pod: Pod) -> NodeCheck | None:
-    """What must allow a node for ``pod`` besides the class-level rules: its topology rules
-    (and running pods' anti-affinity), and whether its ResourceClaims can be allocated
-    there; None when nothing must."""
-    topology = state.topology().check(pod) if state.needs_topology(pod) else None
-    if not state.needs_devices(pod):
-        return topology
-    devices = state.devices_check(pod)
-    if topology is None:
-        return NodeCheck(devices, _EACH_NODE)
-    check = topology
-
-    def both(node: str) -> str | None:
-        return check(node) or devices(node)
-
-    return NodeCheck(both, topology.keys | _EACH_NODE)
-
-
-#: The "label" a devices check depends on: none a class keeps (devices differ node by node,
-#: whatever the labels), so every member of a class is asked.
-_EACH_NODE = frozenset({"\x00devices"})
 
 
 def _place_pod(index: ClassIndex, pod: Pod, gang: str) -> PodAssignment | None:
@@ -546,74 +437,6 @@ def _place_pod(index: ClassIndex, pod: Pod, gang: str) -> PodAssignment | None:
     assignment = PodAssignment(pod.uid, pod.key, gang, node, grant, claims)
     state.apply(assignment, pod)
     return assignment
-
-
-#: The node-level reasons of the ResourceClaim check (see :mod:`scheduler.solver.dra_state`;
-#: written out here so the greedy does not load the CEL library for clusters without claims).
-DRA_REASONS = frozenset(
-    {"cannot allocate all claims", "its ResourceClaims are not known to this cycle"}
-)
-#: Per greedy pass, gangs whose refusals are counted node by node (see :func:`why_not`).
-DETAILED_WHY_NOT = 32
-#: Past that many: some node has room, and the pod's topology rules refuse it.
-ROUGHLY = "nodes with room are refused by its pod affinity, anti-affinity or spread rules"
-
-
-def _rough_code(pod: Pod) -> str:
-    if pod.spread:
-        return TOPOLOGY_SPREAD
-    return POD_AFFINITY if pod.pod_affinity and not pod.pod_anti_affinity else POD_ANTI_AFFINITY
-
-
-def why_not(
-    index: ClassIndex, pod: Pod, placed: int, total: int, *, detailed: bool = True
-) -> tuple[str, str]:
-    """(code, message) for a pod with topology rules that fits no node now: the filter chain
-    over every node class, worded as kube-scheduler words it. The code names the topology
-    rule that refused the most nodes (NoFit when none did: the explainer then words the
-    capacity problem).
-
-    Not ``detailed`` (past :data:`DETAILED_WHY_NOT` gangs in a pass): only whether some
-    node with room exists - then the rules refused it (code from the pod's rules), else it
-    is a capacity problem (NoFit) - without counting node by node."""
-    state = index.state
-    accept = node_check(state, pod)
-    gang = f" (after {placed} of the gang's {total} pods were placed)" if total > 1 else ""
-    if not detailed:
-        # The pod's last search (just now, same state) says whether room was found.
-        if index.refused_by_rules:
-            if state.needs_devices(pod) and not pod.topology_rules:
-                return DEVICES_UNAVAILABLE, f"pod {pod.key}: {_devices_detail(state)}{gang}"
-            return _rough_code(pod), f"pod {pod.key}: {ROUGHLY}{gang}"
-        return NO_FIT, f"pod {pod.key}: no node has room for it{gang}"
-    # The node rules once per class (members share free state and the labels selectors
-    # read), the topology rule per member (it reads labels a class may ignore); nodes
-    # outside the classes (cordoned, NotReady) on their own.
-    tally: Counter[str] = Counter()
-    for members in state.classes.values():
-        rep = state.nodes[next(iter(members))]
-        reason = first_failure(pod, FilterInput(rep, state.demand_on(pod, rep)))
-        if reason is not None:
-            tally[reason] += len(members)
-        elif accept is not None:
-            for m in members:
-                reason = accept(m)
-                if reason is not None:
-                    tally[reason] += 1
-    for s in state.unplaceable():
-        tally[first_failure(pod, FilterInput(s, state.demand_on(pod, s))) or "unknown"] += 1
-    code = reason_code(tally) or NO_FIT
-    message = f"pod {pod.key}: {format_unavailable(len(state.nodes), tally)}{gang}"
-    if state.needs_devices(pod) and tally and max(tally, key=tally.__getitem__) in DRA_REASONS:
-        code = DEVICES_UNAVAILABLE
-        message += f"; {_devices_detail(state)}"
-    return code, message
-
-
-def _devices_detail(state: ClusterState) -> str:
-    """The first refusal's detail: which claim and request, and what is missing."""
-    detail = state.dra.last_detail if state.dra is not None else ""
-    return detail or "no node with room can allocate its ResourceClaims"
 
 
 def place_gangs(

@@ -34,7 +34,6 @@ from scheduler.plugins.packing import PackingScorer
 from scheduler.solver.bound import Relaxation, admission_bound
 from scheduler.solver.cpsat import UNITS, CpResult, ModelGang, Scale, optimize, work_units
 from scheduler.solver.greedy import (
-    NO_FIT,
     ClassIndex,
     GangRequest,
     GreedyResult,
@@ -52,6 +51,7 @@ from scheduler.solver.quality import NodeQuality, quality_for
 from scheduler.solver.queues import QueueBook
 from scheduler.solver.rows import admission_value, fair_weight
 from scheduler.solver.state import ClassKey, ClusterState
+from scheduler.solver.why_not import NO_FIT
 
 __all__ = ["admission_key", "current_classes", "improve", "model_classes", "model_gang"]
 
