@@ -88,8 +88,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--hold-stranding",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="policy frag: placement.holdStrandingShares (a share waits rather than strand "
-        "an idle device once capacity is scarce; default on; --no-hold-stranding for off)",
+        help="policy frag on the greedy and cycle engines: placement.holdStrandingShares (a "
+        "share waits rather than strand an idle device once capacity is scarce; default on; "
+        "--no-hold-stranding for off)",
     )
     p.add_argument("--mix", default=None, help=f"re-sample the pods; knobs {', '.join(MIX_KEYS)}")
     p.add_argument(
@@ -189,9 +190,16 @@ def _engine(engine: str, batch: int, policy: str) -> Engine:
     return auto_engine(batch, policy) if engine == "auto" else cast(Engine, engine)
 
 
+def _holds(hold: bool, policy: str, engine: Engine) -> bool:
+    """Whether the strand guard runs: asked for, and the live scheduler's code places (the
+    vectorised ``arrays`` engine and the baselines do not have it)."""
+    return hold and policy == "frag" and engine != "arrays"
+
+
 def _one(job: Job) -> dict[str, Any]:
     nodes, pods, seed, batch, policy, inflate_to, mix, engine, scarcity, hold = job
     _quiet()
+    chosen = _engine(engine, batch, policy)
     ordered = arrival_order(pods, nodes, seed=seed, inflate_to=inflate_to, mix=parse_mix(mix))
     result = replay(
         nodes,
@@ -201,9 +209,9 @@ def _one(job: Job) -> dict[str, Any]:
             policy=cast(Policy, policy),
             scarcity_weight=scarcity,
             tie_seed=seed,
-            hold_stranding=hold and policy == "frag",
+            hold_stranding=_holds(hold, policy, chosen),
         ),
-        engine=_engine(engine, batch, policy),
+        engine=chosen,
     )
     placed = {pl.pod for pl in result.placements}
     cap = gpu_capacity_milli(nodes)
@@ -296,7 +304,6 @@ def run(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {
         "benchmark": "openb",
         "policy": args.policy,
-        "hold_stranding": args.hold_stranding and args.policy == "frag",
         "mix": args.mix or "default",
         "seeds": seeds,
         "inflate": args.inflate,
@@ -310,8 +317,10 @@ def run(args: argparse.Namespace) -> int:
             k: round(statistics.median(r["ratios"][k] or 0.0 for r in mine), 2)
             for k in ("100", "130")
         }
+        chosen = _engine(args.engine, b, args.policy)
         entry: dict[str, Any] = {
-            "engine": _engine(args.engine, b, args.policy),
+            "engine": chosen,
+            "hold_stranding": _holds(args.hold_stranding, args.policy, chosen),
             "median": med,
             "per_seed": {r["seed"]: [r["ratios"]["100"], r["ratios"]["130"]] for r in mine},
             "upper_bound_at_100_median": round(statistics.median(r["bound100"] for r in mine), 2),

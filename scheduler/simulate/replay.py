@@ -269,6 +269,12 @@ def replay(
     supported = {"greedy": ("frag",), "cycle": ("frag", "bestfit")}.get(engine)
     if supported is not None and settings.policy not in supported:
         raise ValueError(f"--engine {engine} supports --policy {' or '.join(supported)} only")
+    if settings.hold_stranding and (engine == "arrays" or settings.policy != "frag"):
+        # The guard lives in the live scheduler's greedy and cycle, with fragmentation scoring.
+        raise ValueError(
+            f"--hold-stranding needs --policy frag on --engine greedy or cycle "
+            f"(got --policy {settings.policy}, --engine {engine})"
+        )
     start = time.perf_counter()
     engines = {"arrays": array_engine, "greedy": _greedy_engine, "cycle": _cycle_engine}
     place = engines[engine](nodes, settings)
@@ -362,7 +368,10 @@ def write_placements(path: str | Path, placements: Sequence[TracePlacement]) -> 
 def settings_from_args(args: argparse.Namespace) -> ReplaySettings:
     """ReplaySettings from parsed flags."""
     return ReplaySettings(
-        batch=args.batch, drop_unplaced=bool(args.drop_unplaced), policy=args.policy
+        batch=args.batch,
+        drop_unplaced=bool(args.drop_unplaced),
+        policy=args.policy,
+        hold_stranding=bool(getattr(args, "hold_stranding", False)),
     )
 
 

@@ -431,6 +431,12 @@ def add_trace_arguments(parser: argparse.ArgumentParser) -> None:
         help="placement policy (frag: ours; fgd, bestfit, paper-bestfit: baselines)",
     )
     g.add_argument(
+        "--hold-stranding",
+        action="store_true",
+        help="policy frag, engines greedy and cycle: placement.holdStrandingShares (a share "
+        "waits rather than strand an idle device once GPU capacity is scarce)",
+    )
+    g.add_argument(
         "--engine",
         choices=["auto", "cycle", "greedy", "arrays"],
         default="auto",

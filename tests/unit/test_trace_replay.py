@@ -383,3 +383,38 @@ def test_replay_reports_progress_after_every_cycle(tmp_path: Path) -> None:
     assert len(seen) == -(-len(pods) // 16)
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
     assert seen[-1] == (len(pods), len(pods))
+
+
+@pytest.mark.parametrize(("engine", "batch"), [("greedy", 1), ("cycle", 2)])
+def test_hold_stranding_reaches_the_live_engines(engine: str, batch: int) -> None:
+    """``--hold-stranding`` turns on ``placement.holdStrandingShares`` in the live engines:
+    14 whole GPUs of 16 taken, then two 810 shares, which only idle devices could take
+    (12.5 % free, nothing in the mix fits the 190 they would leave). Held and dropped with
+    the flag, placed without it."""
+    from scheduler.simulate.replay import settings_from_args
+    from scheduler.simulate.trace import TraceNode, TracePod
+
+    nodes = [TraceNode(n, 64_000, 10**6, 8, "V100") for n in ("a", "b")]
+    pods = [TracePod(f"w{i}", 1000, 1024, 1, 1000) for i in range(14)]
+    pods += [TracePod(f"s{i}", 1000, 1024, 1, 810) for i in range(2)]
+
+    def placed(hold: bool) -> list[str]:
+        settings = ReplaySettings(batch=batch, hold_stranding=hold)
+        result = replay(nodes, pods, settings, engine=engine)  # type: ignore[arg-type]
+        return sorted(pl.pod for pl in result.placements)
+
+    assert placed(False) == sorted(p.name for p in pods)
+    assert placed(True) == sorted(f"w{i}" for i in range(14))
+    parser = argparse.ArgumentParser()
+    add_trace_arguments(parser)
+    assert settings_from_args(parser.parse_args(["--hold-stranding"])).hold_stranding
+    assert not settings_from_args(parser.parse_args([])).hold_stranding
+
+
+def test_hold_stranding_is_refused_where_it_is_not_implemented(tmp_path: Path) -> None:
+    nodes_csv, pods_csv = _slice_files(tmp_path)
+    nodes, pods = load_nodes(nodes_csv), load_pods(pods_csv)
+    with pytest.raises(ValueError, match="--hold-stranding needs --policy frag"):
+        replay(nodes, pods, ReplaySettings(hold_stranding=True), engine="arrays")
+    with pytest.raises(ValueError, match="--hold-stranding needs --policy frag"):
+        replay(nodes, pods, ReplaySettings(policy="bestfit", hold_stranding=True), engine="cycle")
