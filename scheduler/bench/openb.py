@@ -41,7 +41,14 @@ from typing import Any, cast
 
 from scheduler.bench.openb_bound import lp_bound
 from scheduler.cluster.node import GPU_MILLI
-from scheduler.simulate.replay import Engine, Policy, ReplaySettings, auto_engine, replay
+from scheduler.simulate.replay import (
+    Engine,
+    Policy,
+    ReplaySettings,
+    auto_engine,
+    guard_runs,
+    replay,
+)
 from scheduler.simulate.trace import (
     DEFAULT_NODES,
     DEFAULT_PODS,
@@ -190,12 +197,6 @@ def _engine(engine: str, batch: int, policy: str) -> Engine:
     return auto_engine(batch, policy) if engine == "auto" else cast(Engine, engine)
 
 
-def _holds(hold: bool, policy: str, engine: Engine) -> bool:
-    """Whether the strand guard runs: asked for, and the live scheduler's code places (the
-    vectorised ``arrays`` engine and the baselines do not have it)."""
-    return hold and policy == "frag" and engine != "arrays"
-
-
 def _one(job: Job) -> dict[str, Any]:
     nodes, pods, seed, batch, policy, inflate_to, mix, engine, scarcity, hold = job
     _quiet()
@@ -209,7 +210,7 @@ def _one(job: Job) -> dict[str, Any]:
             policy=cast(Policy, policy),
             scarcity_weight=scarcity,
             tie_seed=seed,
-            hold_stranding=_holds(hold, policy, chosen),
+            hold_stranding=hold and guard_runs(policy, chosen),
         ),
         engine=chosen,
     )
@@ -320,7 +321,7 @@ def run(args: argparse.Namespace) -> int:
         chosen = _engine(args.engine, b, args.policy)
         entry: dict[str, Any] = {
             "engine": chosen,
-            "hold_stranding": _holds(args.hold_stranding, args.policy, chosen),
+            "hold_stranding": args.hold_stranding and guard_runs(args.policy, chosen),
             "median": med,
             "per_seed": {r["seed"]: [r["ratios"]["100"], r["ratios"]["130"]] for r in mine},
             "upper_bound_at_100_median": round(statistics.median(r["bound100"] for r in mine), 2),

@@ -253,6 +253,13 @@ def _cycle_engine(nodes: Sequence[TraceNode], settings: ReplaySettings) -> Cycle
     return place
 
 
+def guard_runs(policy: str, engine: str) -> bool:
+    """Whether ``hold_stranding`` can apply: the strand guard lives in the live scheduler's
+    greedy and cycle with fragmentation scoring (policy ``frag``), not in the vectorised
+    ``arrays`` engine or the baselines."""
+    return policy == "frag" and engine != "arrays"
+
+
 def replay(
     nodes: Sequence[TraceNode],
     pods: Sequence[TracePod],
@@ -269,8 +276,7 @@ def replay(
     supported = {"greedy": ("frag",), "cycle": ("frag", "bestfit")}.get(engine)
     if supported is not None and settings.policy not in supported:
         raise ValueError(f"--engine {engine} supports --policy {' or '.join(supported)} only")
-    if settings.hold_stranding and (engine == "arrays" or settings.policy != "frag"):
-        # The guard lives in the live scheduler's greedy and cycle, with fragmentation scoring.
+    if settings.hold_stranding and not guard_runs(settings.policy, engine):
         raise ValueError(
             f"--hold-stranding needs --policy frag on --engine greedy or cycle "
             f"(got --policy {settings.policy}, --engine {engine})"
