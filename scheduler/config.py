@@ -160,6 +160,13 @@ def _duration(raw: Any, key: str, *, positive: bool = True) -> float:
     return value
 
 
+def _max_wait(raw: Any, key: str) -> float:
+    value = _duration(raw, key, positive=False)
+    if value < 0:
+        raise ConfigError(key, f"{raw!r} must be a duration such as 15m, or 0 for no limit")
+    return value
+
+
 def _string(raw: Any, key: str) -> str:
     if not isinstance(raw, str) or not raw.strip():
         raise ConfigError(key, f"{raw!r} must be a non-empty string")
@@ -218,6 +225,7 @@ def _placement(raw: Any, base: PlacementSettings) -> PlacementSettings:
         "cpu": _strategy,
         "scoring": _scoring,
         "holdStrandingShares": _bool,
+        "holdStrandingMaxWait": _max_wait,
         "solverWorkers": lambda v, k: _int(v, k, 1),
         "greedyOnly": _bool,
         "takeBack": _bool,
@@ -230,6 +238,7 @@ def _placement(raw: Any, base: PlacementSettings) -> PlacementSettings:
         "cpu": "cpu_strategy",
         "scoring": "scoring",
         "holdStrandingShares": "hold_stranding_shares",
+        "holdStrandingMaxWait": "hold_stranding_max_wait",
         "solverWorkers": "workers",
         "greedyOnly": "greedy_only",
         "takeBack": "take_back",

@@ -67,6 +67,7 @@ def config_to_mapping(config: SchedulerConfig) -> dict[str, Any]:
             "cpu": p.cpu_strategy,
             "scoring": p.scoring,
             "holdStrandingShares": p.hold_stranding_shares,
+            "holdStrandingMaxWait": p.hold_stranding_max_wait,
             "solverWorkers": p.workers,
             "greedyOnly": p.greedy_only,
             "takeBack": p.take_back,

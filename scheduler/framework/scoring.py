@@ -122,6 +122,11 @@ class HoldsShares(Protocol):
     before it takes a class whose devices include an idle one; a reason means "not here":
     the search goes on, and a pod held everywhere fails with that reason."""
 
+    def may_hold(self, pod: Pod) -> bool:
+        """Whether the rule applies to ``pod`` at all (on, and the pod has not waited its
+        longest yet)."""
+        ...
+
     def held(
         self, model: str | None, count: int, milli: int, before: int, room: tuple[int, int]
     ) -> str | None:

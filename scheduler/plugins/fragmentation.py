@@ -26,6 +26,7 @@ have are written as 0 free: like a fully used device they hold nothing and fit n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -430,6 +431,10 @@ class FragmentationScorer:
         self.generation = 0
         #: Hold a share back rather than strand an idle device (:mod:`.strand_guard`).
         self.hold_stranding = False
+        #: Pods created at or before this time have been held long enough (see
+        #: :meth:`limit_holds`); -inf: no limit.
+        self.hold_created_after = -math.inf
+        self.hold_max_wait = 0.0
         #: (arrays generation, model, remainder) -> :func:`fitting_share`
         self._fits: dict[tuple[int, str | None, int], float] = {}
 
@@ -482,6 +487,16 @@ class FragmentationScorer:
             if capacity is not None and self.scarcity_weight:
                 self.scarcity = model_scarcity(pinned_demand(mix), capacity())
 
+    def limit_holds(self, now: float, max_wait: float) -> None:
+        """Hold no pod created more than ``max_wait`` seconds before ``now`` (0: no limit)."""
+        self.hold_max_wait = max(0.0, max_wait)
+        self.hold_created_after = now - max_wait if max_wait > 0 else -math.inf
+
+    def may_hold(self, pod: Pod) -> bool:
+        """Whether the guard applies to ``pod``: on, and the pod is younger than the limit
+        (a pod whose creation time is unknown counts as old: it is never held)."""
+        return self.hold_stranding and pod.creation_time > self.hold_created_after
+
     def held(
         self, model: str | None, count: int, milli: int, before: int, room: tuple[int, int]
     ) -> str | None:
@@ -499,7 +514,13 @@ class FragmentationScorer:
             if len(self._fits) > 10_000:
                 self._fits.clear()
             fit = self._fits[key] = fitting_share(mix, index, GPU_MILLI - milli)
-        return hold_reason(count, milli, before, fit, room, model)
+        reason = hold_reason(count, milli, before, fit, room, model)
+        if reason is None or not self.hold_max_wait:
+            return reason
+        return (
+            f"{reason}; it is placed anyway {self.hold_max_wait:g}s after it was created "
+            "(placement.holdStrandingMaxWait)"
+        )
 
     def node_fragmentation(
         self, cpu: int, mem_mib: int, gpu_free: Sequence[int], model: str | None

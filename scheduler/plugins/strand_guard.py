@@ -14,7 +14,9 @@ silently held: its gang's outcome says ``HeldToAvoidStranding`` with the numbers
 
 It is a choice to leave a pod pending while a device is idle, so it is opt-in
 (``placement.holdStrandingShares``, with ``placement.scoring: fragmentation``, whose mix
-says what fits). The threshold r / 1000 was chosen on the openb trace with 60 % shares
+says what fits), and bounded: a pod is held at most ``placement.holdStrandingMaxWait``
+after its creation (15 minutes by default), so a busy cluster cannot keep it waiting for
+good. The threshold r / 1000 was chosen on the openb trace with 60 % shares
 (a sweep of fixed free fractions from 5 % to 70 % for 810-thousandth shares: 20 % was best
 at both 100 % and 130 % arrived) and checked on the default trace and on GPU-model pins;
 see the README's openb section.

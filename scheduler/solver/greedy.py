@@ -317,7 +317,7 @@ class ClassIndex:
         heap = sh.heap
         refused: list[tuple[float, int, ClassKey]] = []
         held: list[tuple[float, int, ClassKey]] = []
-        guarded = self.holder is not None and _may_strand(pod)
+        guarded = self.holder is not None and _may_strand(pod) and self.holder.may_hold(pod)
         asked: dict[tuple[str | None, int], str | None] = {}
         self.held_reason = None
         seen: list[str] = []  # allowed candidates, in packing order (with ``prefer``)

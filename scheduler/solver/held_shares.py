@@ -64,7 +64,7 @@ class ShareHold:
             if device not in self.idle.get(a.node, ()) or users[(a.node, device)] > 1:
                 continue
             pod, node = pods.get(a.pod_uid), nodes.get(a.node)
-            if pod is None or node is None:
+            if pod is None or node is None or not self.holder.may_hold(pod):
                 continue
             room = room_of(self.rooms, allowed_models(pod))
             reason = self.holder.held(node.gpu_model, 1, milli, GPU_MILLI, room)

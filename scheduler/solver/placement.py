@@ -58,6 +58,10 @@ class PlacementSettings:
     #: (:mod:`scheduler.plugins.strand_guard`). Opt-in: it leaves pods waiting beside idle
     #: devices, for more GPU allocated once capacity is scarce.
     hold_stranding_shares: bool = False
+    #: The longest a pod is held by that rule, in seconds from its creation (0: no limit).
+    #: Past it the pod is placed like any other: a held share is not starved because the
+    #: cluster stays busy.
+    hold_stranding_max_wait: float = 900.0
     #: Wall-clock budget for the optimising stages of a cycle: CP-SAT placement (the greedy
     #: answer is used if time runs out), then taking back with what is left of it (at least
     #: 0.2 s, see :data:`scheduler.solver.takeback.MIN_BUDGET_SECONDS`).

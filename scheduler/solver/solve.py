@@ -213,6 +213,7 @@ def _solve(
                 else scorer_for_snapshot(snapshot, free)
             )
             scorer.hold_stranding = settings.hold_stranding_shares
+            scorer.limit_holds(snapshot.now, settings.hold_stranding_max_wait)
         scorer = scorer or packing
         hold = (
             ShareHold.at_start(state, scorer)

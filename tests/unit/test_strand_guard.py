@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -206,3 +208,69 @@ def test_nothing_is_evicted_for_a_held_share() -> None:
     result = solve(snap, GUARDED)
     assert result.evictions == () and result.assignments == ()
     assert result.outcomes["ns/share"].reason_code == HELD_CODE
+
+
+def _aged(snap: Snapshot, now: float, created: dict[str, float]) -> Snapshot:
+    """``snap`` at time ``now``, with the given pods created at the given times."""
+    pods = tuple(
+        replace(p, creation_time=created[p.uid]) if p.uid in created else p for p in snap.pods
+    )
+    return replace(snap, pods=pods, now=now)
+
+
+def test_a_share_is_held_at_most_the_max_wait() -> None:
+    """A share created more than ``hold_stranding_max_wait`` ago is placed like any other
+    pod; a younger one is held, and its reason says when the wait ends. 0: no limit."""
+    used = {"a": [1000] * 6 + [0, 0], "b": FULL, "c": FULL}
+    snap = _cluster(used, [_pod("young", 810), _pod("old", 810)])
+    snap = _aged(snap, 10_000.0, {"young": 9_500.0, "old": 9_000.0})
+    short = replace(GUARDED, hold_stranding_max_wait=600.0)
+    result = solve(snap, short)
+    assert {a.pod_uid for a in result.assignments} == {"old"}
+    young = result.outcomes["ns/young"]
+    assert young.reason_code == HELD_CODE
+    assert "600s after it was created" in young.reason and "holdStrandingMaxWait" in young.reason
+    unlimited = solve(snap, replace(GUARDED, hold_stranding_max_wait=0.0))
+    assert unlimited.assignments == ()
+    assert "holdStrandingMaxWait" not in unlimited.outcomes["ns/old"].reason
+
+
+def test_the_answer_check_lets_an_old_share_through() -> None:
+    used = {"a": [1000] * 6 + [0, 0], "b": FULL, "c": FULL}
+    snap = _aged(_cluster(used, [_pod("s1", 810)]), 10_000.0, {"s1": 1_000.0})
+    scorer = scorer_for_snapshot(snap)
+    scorer.hold_stranding = True
+    hold = ShareHold.at_start(ClusterState.from_snapshot(snap), scorer)
+    alone = [PodAssignment("s1", "ns/s1", "ns/s1", "a", ((6, 810),))]
+    assert set(hold.held(snap, alone)) == {"ns/s1"}  # no limit set yet
+    scorer.limit_holds(snap.now, 900.0)
+    assert hold.held(snap, alone) == {}
+    scorer.limit_holds(snap.now, 0.0)
+    assert set(hold.held(snap, alone)) == {"ns/s1"}
+
+
+def test_config_max_wait() -> None:
+    on = {"scoring": "fragmentation", "holdStrandingShares": True}
+    assert parse_config(None).placement.hold_stranding_max_wait == 900.0
+    wait = parse_config({"placement": {**on, "holdStrandingMaxWait": "1h"}})
+    assert wait.placement.hold_stranding_max_wait == 3600.0
+    assert (
+        parse_config(
+            {"placement": {**on, "holdStrandingMaxWait": 0}}
+        ).placement.hold_stranding_max_wait
+        == 0.0
+    )
+    with pytest.raises(ConfigError, match=r"placement\.holdStrandingMaxWait"):
+        parse_config({"placement": {**on, "holdStrandingMaxWait": "-1m"}})
+
+
+def test_the_greedy_pass_lets_an_old_share_through() -> None:
+    used = {"a": [1000] * 6 + [0, 0], "b": FULL, "c": FULL}
+    snap = _aged(_cluster(used, [_pod("share", 810)]), 10_000.0, {"share": 1_000.0})
+    (share,) = (p for p in snap.pods if p.uid == "share")
+    scorer = scorer_for_snapshot(snap)
+    scorer.hold_stranding = True
+    gangs = [GangRequest("ns/share", "q", required=(share,))]
+    assert not place_gangs(ClusterState.from_snapshot(snap), gangs, scorer).placed
+    scorer.limit_holds(snap.now, 900.0)
+    assert place_gangs(ClusterState.from_snapshot(snap), gangs, scorer).placed

@@ -48,4 +48,7 @@ scoring: {{ default "packing" .Values.placement.scoring }}
 {{- if .Values.placement.holdStrandingShares }}
 holdStrandingShares: true
 {{- end }}
+{{- with .Values.placement.holdStrandingMaxWait }}
+holdStrandingMaxWait: {{ . | quote }}
+{{- end }}
 {{- end -}}
