@@ -270,3 +270,66 @@ def test_chart_turns_sharing_on_with_the_same_rules(control_plane: ControlPlane)
     ]
     volumes = {v["name"]: v for v in deploy["spec"]["template"]["spec"]["volumes"]}
     assert volumes["webhook-tls"]["secret"]["secretName"] == secret["metadata"]["name"]
+
+
+def test_a_share_held_to_avoid_stranding_is_placed_after_the_max_wait(
+    kai_cluster: KaiCluster,
+    start_scheduler: StartScheduler,
+    namespace: str,
+    make_gpu_nodes: Any,
+    webhook: dict[str, Any],
+) -> None:
+    """``placement.holdStrandingShares`` on the live path: 7 of 8 devices of the only node of
+    its GPU model run whole-GPU pods (12.5 % free), so an 0.81 share would leave 0.19 of the
+    idle device that nothing running fits. It waits, its condition naming the rule, and is
+    bound once ``holdStrandingMaxWait`` has passed since its creation."""
+    tag = run_tag()
+    # A GPU model of its own: the rule measures free capacity per model, so nodes other
+    # tests leave behind do not count.
+    model = {"nvidia.com/gpu.product": f"strand-{tag[next(iter(tag))]}"}
+    (node,) = make_gpu_nodes(1, gpus=8, labels={**tag, **model})
+    placement = {
+        "scoring": "fragmentation",
+        "holdStrandingShares": True,
+        "holdStrandingMaxWait": "12s",
+        "solverWorkers": 1,
+    }
+    sched = start_scheduler(config={**webhook, "placement": placement})
+    whole = [pod_manifest(f"w{i}", gpus=1, node_selector={**tag, **model}) for i in range(7)]
+    kai_cluster.create(*whole, namespace=namespace)
+    wait_for(
+        "7 whole-GPU pods bound",
+        lambda: len([p for p in kai_cluster.pods(namespace) if p["spec"].get("nodeName")]) == 7,
+        timeout=30,
+        logs=sched,
+    )
+    share = pod_manifest(
+        "share", node_selector={**tag, **model}, annotations={"gpu-fraction": "0.81"}
+    )
+    share["spec"]["terminationGracePeriodSeconds"] = 0
+    kai_cluster.create(share, namespace=namespace)
+
+    def share_pod() -> dict[str, Any]:
+        (pod,) = [p for p in kai_cluster.pods(namespace) if p["metadata"]["name"] == "share"]
+        return pod
+
+    def held() -> str:
+        for cond in (share_pod().get("status") or {}).get("conditions") or []:
+            if cond["type"] == "PodScheduled" and cond["status"] == "False":
+                message = str(cond.get("message") or "")
+                return message if "holdStrandingShares" in message else ""
+        return ""
+
+    message = wait_for("the share held back", held, timeout=10, logs=sched)
+    assert "190 thousandths" in message and "holdStrandingMaxWait" in message, message
+    assert not share_pod()["spec"].get("nodeName")
+    bound = wait_for(
+        "the share bound after its longest wait",
+        lambda: share_pod()["spec"].get("nodeName") or "",
+        timeout=40,
+        logs=sched,
+    )
+    assert bound == node
+    created = share_pod()["metadata"]["creationTimestamp"]
+    grant = json.loads(share_pod()["metadata"]["annotations"][GPU_GRANT_ANNOTATION])
+    assert list(grant.values()) == [810], (created, grant)
