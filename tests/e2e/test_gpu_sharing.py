@@ -61,6 +61,14 @@ def _share_pod(name: str, tag: dict[str, str], **extra: Any) -> dict[str, Any]:
     return pod
 
 
+def _unscheduled_message(pod: dict[str, Any]) -> str:
+    """The message of the pod's PodScheduled=False condition ("" when it has none)."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond["type"] == "PodScheduled" and cond["status"] == "False":
+            return str(cond.get("message") or "")
+    return ""
+
+
 def _reservations(cp: ControlPlane, label: str = RESERVATION_LABEL) -> list[dict[str, Any]]:
     out = kubectl_json(cp, "get", "pods", "-n", RESERVATION_NAMESPACE, "-l", label)
     return [p for p in out["items"] if not p["metadata"].get("deletionTimestamp")]
@@ -206,10 +214,7 @@ def test_two_half_gpu_pods_share_one_held_device(
 
     def waiting() -> str:
         (c,) = [p for p in kai_cluster.pods(namespace) if p["metadata"]["name"] == "c"]
-        for cond in (c.get("status") or {}).get("conditions") or []:
-            if cond["type"] == "PodScheduled" and cond["status"] == "False":
-                return str(cond.get("message") or "")
-        return ""
+        return _unscheduled_message(c)
 
     reason = wait_for("c to wait with a reason", waiting, timeout=30, logs=sched)
     assert "GPU" in reason or "gpu" in reason, reason
@@ -314,11 +319,8 @@ def test_a_share_held_to_avoid_stranding_is_placed_after_the_max_wait(
         return pod
 
     def held() -> str:
-        for cond in (share_pod().get("status") or {}).get("conditions") or []:
-            if cond["type"] == "PodScheduled" and cond["status"] == "False":
-                message = str(cond.get("message") or "")
-                return message if "holdStrandingShares" in message else ""
-        return ""
+        message = _unscheduled_message(share_pod())
+        return message if "holdStrandingShares" in message else ""
 
     message = wait_for("the share held back", held, timeout=10, logs=sched)
     assert "190 thousandths" in message and "holdStrandingMaxWait" in message, message
