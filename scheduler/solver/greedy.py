@@ -54,6 +54,7 @@ __all__ = [
     "place_gangs",
     "pod_size",
     "shape_key",
+    "shared_index",
 ]
 
 log = structlog.get_logger(__name__)
@@ -437,6 +438,22 @@ def _place_pod(index: ClassIndex, pod: Pod, gang: str) -> PodAssignment | None:
     assignment = PodAssignment(pod.uid, pod.key, gang, node, grant, claims)
     state.apply(assignment, pod)
     return assignment
+
+
+def shared_index(
+    state: ClusterState,
+    scorer: NodeScorer,
+    gangs: Sequence[GangRequest],
+    *,
+    spread_devices: bool = False,
+) -> ClassIndex:
+    """A :class:`ClassIndex` for several :func:`place_gangs` passes over ``gangs`` on
+    ``state`` with ``scorer`` (the caller closes it). Nodes are split by name first when a pod
+    selects one by name, as :func:`place_gangs` would do: that rebuilds every class, which an
+    index made before could not follow."""
+    if any(uses_node_name(p) for g in gangs for p in (*g.required, *g.extras)):
+        state.split_by_name()
+    return ClassIndex(state, scorer, spread_devices=spread_devices)
 
 
 def place_gangs(

@@ -58,7 +58,13 @@ from scheduler.plugins.strand_guard import HELD_CODE
 from scheduler.solver.batch_order import better_batch
 from scheduler.solver.cpsat import CpResult
 from scheduler.solver.cpsat_topology import place_ruled_exactly
-from scheduler.solver.greedy import GangRequest, GreedyResult, place_gangs
+from scheduler.solver.greedy import (
+    ClassIndex,
+    GangRequest,
+    GreedyResult,
+    place_gangs,
+    shared_index,
+)
 from scheduler.solver.held_shares import ShareHold
 from scheduler.solver.hybrid import admission_key, current_classes
 from scheduler.solver.outcomes import capacities, gang_outcomes
@@ -192,7 +198,11 @@ def _solve(
     spread = settings.gpu_strategy == "spread"
 
     def run_greedy(
-        state: ClusterState, scorer: NodeScorer, order: Sequence[GangRequest] | None = None
+        state: ClusterState,
+        scorer: NodeScorer,
+        order: Sequence[GangRequest] | None = None,
+        *,
+        index: ClassIndex | None = None,
     ) -> GreedyResult:
         return place_gangs(
             state,
@@ -201,6 +211,7 @@ def _solve(
             book=QueueBook(snapshot.queue_tree, report),
             spread_devices=spread,
             cycle=cycle,
+            index=index,
         )
 
     hold: ShareHold | None = None
@@ -220,19 +231,26 @@ def _solve(
             if isinstance(scorer, FragmentationScorer) and scorer.hold_stranding
             else None
         )
-        greedy = run_greedy(state, scorer)
-        if not settings.greedy_only:
-            # The batch as a whole (fragmentation scorer, batches up to 128 gangs): a second,
-            # largest-first pass.
-            greedy = better_batch(
-                state,
-                problem.order,
-                greedy,
-                scorer,
-                partial(run_greedy, state, scorer),
-                partial(admission_key, problem),
-                cycle,
-            )
+        # One class ranking for both passes: the second starts from the same state with the
+        # same scorer, so it reuses the first one's scores instead of ranking every class
+        # again (openb seed 42, batch 64: a fifth of the replay's time).
+        shared = shared_index(state, scorer, problem.order, spread_devices=spread)
+        try:
+            greedy = run_greedy(state, scorer, index=shared)
+            if not settings.greedy_only:
+                # The batch as a whole (fragmentation scorer, batches up to 128 gangs): a
+                # second, largest-first pass.
+                greedy = better_batch(
+                    state,
+                    problem.order,
+                    greedy,
+                    scorer,
+                    partial(run_greedy, state, scorer, index=shared),
+                    partial(admission_key, problem),
+                    cycle,
+                )
+        finally:
+            shared.close()
     except Exception:
         if scorer is packing:
             raise
