@@ -58,7 +58,14 @@ from scheduler.cluster.queue import QueueTree
 from scheduler.fairness import FairShareReport
 from scheduler.plugins.packing import MAX_NODE_COST, Strategy
 from scheduler.solver.greedy import pod_size, shape_key
-from scheduler.solver.patterns import ClassInfo, Pattern, PatternSet, enumerate_patterns, pack
+from scheduler.solver.patterns import (
+    ClassInfo,
+    Demand,
+    Pattern,
+    PatternSet,
+    enumerate_patterns,
+    pack,
+)
 from scheduler.solver.quality import NodeQuality
 from scheduler.solver.rows import (
     UNITS,
@@ -254,6 +261,7 @@ def optimize(
     slots: list[list[tuple[int, cp_model.IntVar]]] = [[] for _ in shapes]
     quality_terms: list[tuple[cp_model.IntVar, int]] = []
     q_min = q_max = 0
+    sized: dict[tuple[int, object], Demand | None] = {}
     for ci, info in enumerate(classes):
         ps = enumerate_patterns(
             info,
@@ -263,6 +271,7 @@ def optimize(
             gpu=gpu_strategy,
             quality=quality,
             cap=pattern_cap,
+            sized=sized,
         )
         missing = set(hint_z[ci]) - set(ps.patterns)
         if missing:

@@ -140,6 +140,7 @@ def enumerate_patterns(
     gpu: Strategy,
     quality: NodeQuality | None,
     cap: int,
+    sized: dict[tuple[int, object], Demand | None] | None = None,
 ) -> PatternSet:
     """Patterns for ``info`` (see the module docstring), at most ``cap`` plus ``required``.
 
@@ -147,8 +148,13 @@ def enumerate_patterns(
     smaller) and ``demand[i]`` how many pods of that shape the cycle asks for. Each
     pattern's ``delta`` is the change of ``quality``'s cost from the class's state to the
     state the pattern leaves (0 without a measure).
+
+    ``sized``: a cache the caller keeps over one model's classes (same ``shapes``): shape
+    and static traits -> the shape's demand there, None when the node rules refuse it. The
+    rules and the demand read only a node's static traits, which the first part of a class
+    key names, and a model has far more classes than kinds of node.
     """
-    out = _enumerate(info, shapes, demand, required, gpu == "spread", cap)
+    out = _enumerate(info, shapes, demand, required, gpu == "spread", cap, sized)
     if quality is None:
         out.delta = [0] * len(out.patterns)
     else:
@@ -165,6 +171,7 @@ def _enumerate(
     required: Sequence[Pattern],
     spread: bool,
     cap: int,
+    sized: dict[tuple[int, object], Demand | None] | None = None,
 ) -> PatternSet:
     """The patterns of :func:`enumerate_patterns` with the states they leave."""
     node = info.node
@@ -179,12 +186,15 @@ def _enumerate(
             out.states.append((free, gpu_free))
 
     demands: dict[int, Demand] = {}
+    sizes = {} if sized is None else sized
+    static = info.key[0]
     for s, pod in enumerate(shapes):
         if demand[s] <= 0:
             continue
-        if not node_rules_allow(pod, node):
-            continue
-        d = demand_of(pod, node)
+        if (s, static) in sizes:
+            d = sizes[(s, static)]
+        else:
+            d = sizes[(s, static)] = demand_of(pod, node) if node_rules_allow(pod, node) else None
         if d is not None:
             demands[s] = d
 
