@@ -22,9 +22,10 @@ ours did on every seed; a few 8-GPU pods can miss): the ceiling at 130 % for any
 does not hold back pods which fit while the cluster is still filling.
 
 ``lp_bound`` (:mod:`scheduler.bench.openb_bound`) is a linear program over the node shapes
-that also sees GPU-model pins, CPU, memory and device counts: ``100`` and ``130`` are the
-ceilings for any scheduler at 100 % and 130 % arrived (the latter is 100: enough has
-arrived to fill every shape), ``130_first90`` the ceiling at 130 % for any scheduler that
+that also sees GPU-model pins, CPU, memory, device counts and how shares can share a device
+(device patterns: the bin-packing ceiling): ``100`` and ``130`` are the ceilings for any
+scheduler at 100 % and 130 % arrived (the latter is just under 100: enough has arrived to
+fill every shape, save what no mix of shares fills), ``130_first90`` the ceiling at 130 % for any scheduler that
 places the pods this run placed before 90 % arrived (how much its later decisions left).
 """
 
@@ -326,9 +327,9 @@ def run(args: argparse.Namespace) -> int:
             "per_seed": {r["seed"]: [r["ratios"]["100"], r["ratios"]["130"]] for r in mine},
             "upper_bound_at_100_median": round(statistics.median(r["bound100"] for r in mine), 2),
             "upper_bound_at_100_per_seed": {r["seed"]: r["bound100"] for r in mine},
-            # The LP over node shapes (GPU models, CPU, memory, devices; openb_bound.py): at
-            # 100 % and 130 % arrived, and at 130 % for a scheduler that also places the pods
-            # ours placed before 90 % arrived.
+            # The LP over node shapes (GPU models, CPU, memory, devices, device patterns;
+            # openb_bound.py): at 100 % and 130 % arrived, and at 130 % for a scheduler that
+            # also places the pods ours placed before 90 % arrived.
             "lp_bound_median": {
                 k: _median([r[f"lp{k}"] for r in mine]) for k in ("100", "130", "130_first90")
             },

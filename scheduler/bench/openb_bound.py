@@ -28,6 +28,18 @@ the ``count`` nodes of ``h``; so the LP optimum is at least the placement's thou
   such a pod, everything else on ``d`` is small, so the left side is exactly 1000; without,
   it is at most ``used(d) <= 1000``. Summing over devices: thousandths on ``h`` <= ``C_h -
   sum (1000 - s) n[s, h] + sum small thousandths``.
+- device patterns: a *pattern* is a multiset of shares that fits one device (at most 1000
+  thousandths) and cannot take one more share of any size allowed on ``h``. ``y[p, h] >= 0``
+  counts devices of ``h`` filled like ``p``, with ``sum_p y[p, h] <=`` the devices of ``h``,
+  plus one variable for devices given whole to pods. For each share size ``s``:
+  ``sum_t n[t, h] (devices of t at s) <= sum_p y[p, h] (copies of s in p)``, and the whole
+  devices cover what whole-GPU pods ask. Any placement fills each device with a multiset that
+  some pattern contains (add shares until none fits), so it satisfies these rows too. They
+  see what the gap rows cannot: two 470s on a device leave 60 that no share of the trace
+  uses, so the LP pairs shares the way the sizes allow, the bin-packing ceiling. Patterns are
+  enumerated per set of sizes (about 1,400 for the openb trace's 20 share sizes); a shape
+  whose sizes would need more than :data:`MAX_PATTERNS` goes without these rows (a looser,
+  still valid bound).
 
 The LP optimum (GLOP) is returned as % of GPU capacity. CPU-only pods place no GPU and only
 take CPU and memory, so leaving them out relaxes the rows (the LP may also drop any pod, as
@@ -47,11 +59,18 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from scheduler.cluster.node import GPU_MILLI
 from scheduler.simulate.trace import TraceNode, TracePod
 
-__all__ = ["NodeShape", "lp_bound", "node_shapes"]
+if TYPE_CHECKING:
+    from ortools.linear_solver import pywraplp
+
+__all__ = ["MAX_PATTERNS", "NodeShape", "device_patterns", "lp_bound", "node_shapes"]
+
+#: Device patterns enumerated per set of share sizes before the pattern rows are left out.
+MAX_PATTERNS = 20_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +106,30 @@ def _most(p: TracePod, h: NodeShape) -> int:
     if p.memory_mib:
         most = min(most, h.memory_mib // p.memory_mib)
     return most
+
+
+def device_patterns(sizes: Sequence[tuple[int, int]]) -> list[tuple[int, ...]] | None:
+    """Every way to fill one device with shares that leaves no room for another: ``sizes``
+    are (thousandths, most copies there are) pairs; each pattern gives the copies of each
+    size, in that order. None when there are more than :data:`MAX_PATTERNS`."""
+    out: list[tuple[int, ...]] = []
+    counts = [0] * len(sizes)
+
+    def fill(i: int, room: int) -> bool:
+        if i == len(sizes):
+            if any(c < cap and s <= room for (s, cap), c in zip(sizes, counts, strict=True)):
+                return True  # not full: a larger pattern holds it
+            out.append(tuple(counts))
+            return len(out) <= MAX_PATTERNS
+        s, cap = sizes[i]
+        for c in range(min(cap, room // s), -1, -1):
+            counts[i] = c
+            if not fill(i + 1, room - c * s):
+                return False
+        counts[i] = 0
+        return True
+
+    return out if fill(0, GPU_MILLI) else None
 
 
 def _type(p: TracePod) -> tuple[int, int, int, int, tuple[str, ...]]:
@@ -133,6 +176,7 @@ def lp_bound(
             objective.SetCoefficient(v, k * milli)
             on[hi].append((v, t))
     objective.SetMaximization()
+    patterns: dict[tuple[tuple[int, int], ...], list[tuple[int, ...]] | None] = {}
     for hi, h in enumerate(shapes):
         if not on[hi]:
             continue
@@ -155,6 +199,7 @@ def lp_bound(
                 if t[3] <= gap:  # small: fills leftovers (on each of its devices)
                     coef -= t[2] * t[3]
                 row.SetCoefficient(v, coef)
+        _pattern_rows(solver, on[hi], types, h.gpus * h.count, patterns)
     status = solver.Solve()
     if status == pywraplp.Solver.INFEASIBLE and must:
         return None
@@ -164,3 +209,43 @@ def lp_bound(
     # printed ceiling never sits below an achieved value through floating-point noise.
     best = float(objective.Value())
     return 100 * min(capacity, best + 1e-6 * capacity) / capacity
+
+
+_Type = tuple[int, int, int, int, tuple[str, ...]]
+
+
+def _pattern_rows(
+    solver: pywraplp.Solver,
+    on: list[tuple[pywraplp.Variable, _Type]],
+    types: Counter[_Type],
+    devices: int,
+    cache: dict[tuple[tuple[int, int], ...], list[tuple[int, ...]] | None],
+) -> None:
+    """The device-pattern rows of one shape (see the module docstring); ``on``: its (variable,
+    type) pairs; ``cache``: patterns per set of sizes, shared by the shapes of one LP."""
+    caps: Counter[int] = Counter()
+    for _, t in on:
+        if t[3] < GPU_MILLI:
+            caps[t[3]] += t[2] * types[t]
+    sizes = tuple(sorted(caps.items(), reverse=True))
+    if sizes not in cache:
+        cache[sizes] = device_patterns(sizes)
+    found = cache[sizes]
+    if found is None:
+        return
+    inf = solver.infinity()
+    count_row = solver.Constraint(0, devices)
+    whole = solver.NumVar(0, devices, "")
+    count_row.SetCoefficient(whole, 1)
+    whole_row = solver.Constraint(-inf, 0)
+    whole_row.SetCoefficient(whole, -1)
+    size_rows = {s: solver.Constraint(-inf, 0) for s, _ in sizes}
+    for v, t in on:
+        row = whole_row if t[3] >= GPU_MILLI else size_rows[t[3]]
+        row.SetCoefficient(v, t[2])
+    for pattern in found:
+        y = solver.NumVar(0, devices, "")
+        count_row.SetCoefficient(y, 1)
+        for (s, _), c in zip(sizes, pattern, strict=True):
+            if c:
+                size_rows[s].SetCoefficient(y, -c)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from scheduler.bench.openb import share_gap_bound
-from scheduler.bench.openb_bound import lp_bound, node_shapes
+from scheduler.bench import openb_bound
+from scheduler.bench.openb_bound import device_patterns, lp_bound, node_shapes
 from scheduler.simulate.replay import ReplaySettings, replay
 from scheduler.simulate.trace import TraceNode, TracePod, gpu_capacity_milli
 
@@ -97,3 +98,29 @@ def test_pods_that_must_be_placed_lower_the_ceiling_or_make_it_void() -> None:
     assert forced == pytest.approx(85.0, abs=1e-3) and forced < free
     # A pod pinned to a model the cluster lacks cannot be placed by anyone.
     assert lp_bound(pods, nodes, placed=[_pod("x", 1, 500, spec=("A100",))]) is None
+
+
+def test_device_patterns_are_the_full_ways_to_fill_one_device() -> None:
+    # (470, 1) alone leaves 530 where another 470 fits: not full, so not listed.
+    assert device_patterns([(470, 3), (320, 2)]) == [(2, 0), (1, 1), (0, 2)]
+    # At most as many copies as there are pods: one 400 pod leaves the rest of its device.
+    assert device_patterns([(400, 1)]) == [(1,)]
+
+
+def test_shares_that_do_not_pair_leave_room_the_lp_sees() -> None:
+    """400, 400 and 300 thousandths, one device: 800 at most; the GPU row would allow 1000."""
+    nodes = [TraceNode("n", 16000, 65536, 1, "T4")]
+    pods = [_pod("a", 1, 400), _pod("b", 1, 400), _pod("c", 1, 300)]
+    assert lp_bound(pods, nodes) == pytest.approx(80.0, abs=1e-3)
+    # 470s pair with 530s and nothing else fills 60: two devices, four 470s and one 530.
+    nodes = [TraceNode("n", 16000, 65536, 2, "T4")]
+    pods = [*(_pod(f"a{i}", 1, 470) for i in range(4)), _pod("b", 1, 530)]
+    assert lp_bound(pods, nodes) == pytest.approx(100 * (470 + 530 + 2 * 470) / 2000, abs=1e-3)
+
+
+def test_too_many_patterns_leave_the_rows_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    nodes = [TraceNode("n", 16000, 65536, 1, "T4")]
+    pods = [_pod("a", 1, 400), _pod("b", 1, 400), _pod("c", 1, 300)]
+    monkeypatch.setattr(openb_bound, "MAX_PATTERNS", 0)
+    assert device_patterns([(400, 3)]) is None
+    assert lp_bound(pods, nodes) == pytest.approx(100.0, abs=1e-3)  # the GPU row only
