@@ -36,10 +36,11 @@ the ``count`` nodes of ``h``; so the LP optimum is at least the placement's thou
   devices cover what whole-GPU pods ask. Any placement fills each device with a multiset that
   some pattern contains (add shares until none fits), so it satisfies these rows too. They
   see what the gap rows cannot: two 470s on a device leave 60 that no share of the trace
-  uses, so the LP pairs shares the way the sizes allow, the bin-packing ceiling. Patterns are
-  enumerated per set of sizes (about 1,400 for the openb trace's 20 share sizes); a shape
-  whose sizes would need more than :data:`MAX_PATTERNS` goes without these rows (a looser,
-  still valid bound).
+  uses, so the LP pairs shares the way the sizes allow, the bin-packing ceiling. Shapes that
+  allow the same share sizes get one set of these rows, the sum of theirs (still valid, and
+  a much smaller model: two sets on openb). Patterns are enumerated per set of sizes (about
+  1,400 for the openb trace's 20 share sizes); a set that would need more than
+  :data:`MAX_PATTERNS` goes without these rows (a looser, still valid bound).
 
 The LP optimum (GLOP) is returned as % of GPU capacity. CPU-only pods place no GPU and only
 take CPU and memory, so leaving them out relaxes the rows (the LP may also drop any pod, as
@@ -176,7 +177,6 @@ def lp_bound(
             objective.SetCoefficient(v, k * milli)
             on[hi].append((v, t))
     objective.SetMaximization()
-    patterns: dict[tuple[tuple[int, int], ...], list[tuple[int, ...]] | None] = {}
     for hi, h in enumerate(shapes):
         if not on[hi]:
             continue
@@ -199,7 +199,20 @@ def lp_bound(
                 if t[3] <= gap:  # small: fills leftovers (on each of its devices)
                     coef -= t[2] * t[3]
                 row.SetCoefficient(v, coef)
-        _pattern_rows(solver, on[hi], types, h.gpus * h.count, patterns)
+    # Pattern rows per set of share sizes, over the shapes that allow that set: the sum of
+    # each shape's rows, so still valid, and the model stays small (2 sets on openb, where
+    # one set of rows per shape took 0.5 s to build and gave the same ceiling).
+    groups: dict[tuple[tuple[int, int], ...], list[int]] = {}
+    for hi, pairs in enumerate(on):
+        if pairs:
+            groups.setdefault(_sizes(pairs, types), []).append(hi)
+    for sizes, members in groups.items():
+        _pattern_rows(
+            solver,
+            [pair for hi in members for pair in on[hi]],
+            sizes,
+            sum(shapes[hi].gpus * shapes[hi].count for hi in members),
+        )
     status = solver.Solve()
     if status == pywraplp.Solver.INFEASIBLE and must:
         return None
@@ -214,23 +227,26 @@ def lp_bound(
 _Type = tuple[int, int, int, int, tuple[str, ...]]
 
 
-def _pattern_rows(
-    solver: pywraplp.Solver,
-    on: list[tuple[pywraplp.Variable, _Type]],
-    types: Counter[_Type],
-    devices: int,
-    cache: dict[tuple[tuple[int, int], ...], list[tuple[int, ...]] | None],
-) -> None:
-    """The device-pattern rows of one shape (see the module docstring); ``on``: its (variable,
-    type) pairs; ``cache``: patterns per set of sizes, shared by the shapes of one LP."""
+def _sizes(
+    on: list[tuple[pywraplp.Variable, _Type]], types: Counter[_Type]
+) -> tuple[tuple[int, int], ...]:
+    """The (thousandths, most devices asking them) of the shares in ``on``, largest first."""
     caps: Counter[int] = Counter()
     for _, t in on:
         if t[3] < GPU_MILLI:
             caps[t[3]] += t[2] * types[t]
-    sizes = tuple(sorted(caps.items(), reverse=True))
-    if sizes not in cache:
-        cache[sizes] = device_patterns(sizes)
-    found = cache[sizes]
+    return tuple(sorted(caps.items(), reverse=True))
+
+
+def _pattern_rows(
+    solver: pywraplp.Solver,
+    on: list[tuple[pywraplp.Variable, _Type]],
+    sizes: tuple[tuple[int, int], ...],
+    devices: int,
+) -> None:
+    """The device-pattern rows (see the module docstring) of shapes with ``devices`` devices
+    in all; ``on``: their (variable, type) pairs; ``sizes``: :func:`_sizes` of them."""
+    found = device_patterns(sizes)
     if found is None:
         return
     inf = solver.infinity()
