@@ -25,8 +25,9 @@ does not hold back pods which fit while the cluster is still filling.
 that also sees GPU-model pins, CPU, memory, device counts and how shares can share a device
 (device patterns: the bin-packing ceiling): ``100`` and ``130`` are the ceilings for any
 scheduler at 100 % and 130 % arrived (the latter is just under 100: enough has arrived to
-fill every shape, save what no mix of shares fills), ``130_first90`` the ceiling at 130 % for any scheduler that
-places the pods this run placed before 90 % arrived (how much its later decisions left).
+fill every shape, save what no mix of shares fills), ``130_first90`` the ceiling at 130 %
+for any scheduler that places the pods this run placed before 90 % arrived (how much its
+later decisions left).
 """
 
 from __future__ import annotations

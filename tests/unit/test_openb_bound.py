@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.bench.openb import share_gap_bound
 from scheduler.bench import openb_bound
+from scheduler.bench.openb import share_gap_bound
 from scheduler.bench.openb_bound import device_patterns, lp_bound, node_shapes
 from scheduler.simulate.replay import ReplaySettings, replay
 from scheduler.simulate.trace import TraceNode, TracePod, gpu_capacity_milli
