@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scheduler.bench import openb_bound
 from scheduler.bench.openb import share_gap_bound
@@ -124,3 +126,18 @@ def test_too_many_patterns_leave_the_rows_out(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(openb_bound, "MAX_PATTERNS", 0)
     assert device_patterns([(400, 3)]) is None
     assert lp_bound(pods, nodes) == pytest.approx(100.0, abs=1e-3)  # the GPU row only
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    shares=st.lists(st.sampled_from([50, 110, 230, 320, 470, 530, 650, 810, 1000]), max_size=14),
+    devices=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+)
+def test_no_placement_beats_the_ceiling(shares: list[int], devices: list[int]) -> None:
+    """Whatever the placement pass fits of random shares, the LP with its patterns allows."""
+    nodes = [TraceNode(f"n{i}", 64000, 262144, d, "T4") for i, d in enumerate(devices)]
+    pods = [_pod(f"p{i}", 1, m) for i, m in enumerate(shares)]
+    result = replay(nodes, pods, ReplaySettings(batch=1), engine="greedy")
+    placed = 100 * result.allocated_milli / result.capacity_milli
+    bound = lp_bound(pods, nodes)
+    assert bound is not None and placed <= bound + 1e-6
