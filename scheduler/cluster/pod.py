@@ -78,9 +78,13 @@ def _node_label_keys(
 class _PodMemo(Labelled):
     """Slots for the rest of what :class:`Pod` derives on first use (see :class:`Labelled`)."""
 
-    __slots__ = ("_node_label_keys", "_one_per_node", "_queue_usage")
+    __slots__ = ("_node_label_keys", "_one_per_node", "_queue_usage", "_task_type")
     _node_label_keys: frozenset[str]
     _one_per_node: bool
+    #: The fragmentation scorer's view of the pod
+    #: (:func:`scheduler.plugins.fragmentation.task_type`): every cycle with that scorer
+    #: reads it for every live pod.
+    _task_type: object
     #: (gpu, cpu, memory) as :func:`scheduler.cluster.queue.pod_queue_usage` counts them.
     _queue_usage: tuple[int, int, int]
 

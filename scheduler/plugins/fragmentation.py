@@ -27,6 +27,7 @@ have are written as 0 free: like a fully used device they hold nothing and fit n
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -665,7 +666,17 @@ def allowed_models(pod: Pod) -> tuple[str, ...]:
 
 def task_type(pod: Pod) -> TaskType:
     """The fit-relevant shape of a domain pod. A pod asking by GPU memory enters as CPU and
-    memory only: its thousandths depend on the node it lands on."""
+    memory only: its thousandths depend on the node it lands on. Kept on the pod object
+    (read for every live pod each cycle)."""
+    known = getattr(pod, "_task_type", None)
+    if isinstance(known, TaskType):
+        return known
+    made = _task_type(pod)
+    object.__setattr__(pod, "_task_type", made)
+    return made
+
+
+def _task_type(pod: Pod) -> TaskType:
     gpu = pod.gpu
     count = gpu.count if gpu is not None and gpu.memory_mib is None else 0
     return TaskType(
@@ -681,9 +692,8 @@ def snapshot_mix(snapshot: Snapshot) -> tuple[WorkloadMix, list[str]]:
     """The task types of every live pod in ``snapshot`` (running and pending: the cluster's
     own mix is the best guess of what arrives next) and the GPU models of its nodes."""
     mix = WorkloadMix()
-    for pod in snapshot.pods:
-        if pod.active:
-            mix.add(task_type(pod))
+    for task, n in Counter(task_type(p) for p in snapshot.pods if p.active).items():
+        mix.add(task, n)
     return mix, sorted({m for n in snapshot.nodes if (m := n.gpu_model)})
 
 

@@ -290,6 +290,27 @@ def test_task_type_reads_the_model_pin_from_selector_or_affinity() -> None:
     assert task_type(by_memory).gpus == 0
 
 
+def test_task_type_is_kept_on_the_pod_and_the_mix_counts_every_live_pod() -> None:
+    import dataclasses
+
+    from scheduler.plugins.fragmentation import snapshot_mix, task_type
+
+    pod = _pod("a", 500)
+    first = task_type(pod)
+    assert task_type(pod) is first  # measured once per pod object
+    # A changed pod is a new object: measured again.
+    changed = dataclasses.replace(pod, gpu=GpuRequest(1, milli=250))
+    assert task_type(changed).milli == 250 and task_type(pod) is first
+    pods = [
+        pod,
+        _pod("b", 500),
+        changed,
+        dataclasses.replace(pod, uid="d", phase=PodPhase.SUCCEEDED),
+    ]
+    mix, _ = snapshot_mix(Snapshot(pods=tuple(pods)))
+    assert mix.counts == {first: 2.0, task_type(changed): 1.0}
+
+
 def test_a_failing_scorer_falls_back_to_packing_for_the_cycle() -> None:
     """A plug-in scorer that raises costs the cycle its ranking, not its placements."""
     from scheduler.cluster import Queue
