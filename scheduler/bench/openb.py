@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, cast
 
-from scheduler.bench.openb_bound import lp_bound
+from scheduler.bench.openb_bound import arrived_prefix, lp_bound
 from scheduler.cluster.node import GPU_MILLI
 from scheduler.simulate.replay import (
     Engine,
@@ -182,16 +182,6 @@ def placed_gap_bound(
     return 100 * (capacity_milli - worst) / capacity_milli
 
 
-def _prefix(pods: Sequence[TracePod], milli: float, batch: int) -> int:
-    """Pods arrived by the end of the cycle in which arrivals reach ``milli``."""
-    arrived = 0
-    for i, p in enumerate(pods):
-        arrived += p.gpu_request_milli
-        if arrived >= milli:
-            return -(-(i + 1) // batch) * batch
-    return len(pods)
-
-
 Job = tuple[list[TraceNode], list[TracePod], int, int, str, float, str | None, str, float, bool]
 
 
@@ -218,10 +208,10 @@ def _one(job: Job) -> dict[str, Any]:
     )
     placed = {pl.pod for pl in result.placements}
     cap = gpu_capacity_milli(nodes)
-    prefix = _prefix(ordered, cap, batch)
-    first90 = ordered[: _prefix(ordered, 0.9 * cap, 1)]
+    prefix = arrived_prefix(ordered, cap, batch)
+    first90 = ordered[: arrived_prefix(ordered, 0.9 * cap, 1)]
     target = TARGETS.get(str(batch), {}).get("130")
-    prefix130 = _prefix(ordered, 1.3 * cap, batch)
+    prefix130 = arrived_prefix(ordered, 1.3 * cap, batch)
     joint = (
         share_gap_bound(ordered[:prefix], cap, ordered[:prefix130], target)
         if target is not None

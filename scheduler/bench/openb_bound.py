@@ -58,7 +58,7 @@ LP says 100 %: the ceiling that bites there is the one with ``placed``.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -68,7 +68,15 @@ from scheduler.simulate.trace import TraceNode, TracePod
 if TYPE_CHECKING:
     from ortools.linear_solver import pywraplp
 
-__all__ = ["MAX_PATTERNS", "NodeShape", "device_patterns", "lp_bound", "node_shapes"]
+__all__ = [
+    "MAX_PATTERNS",
+    "NodeShape",
+    "arrived_prefix",
+    "ceilings_at",
+    "device_patterns",
+    "lp_bound",
+    "node_shapes",
+]
 
 #: Device patterns enumerated per set of share sizes before the pattern rows are left out.
 MAX_PATTERNS = 20_000
@@ -131,6 +139,36 @@ def device_patterns(sizes: Sequence[tuple[int, int]]) -> list[tuple[int, ...]] |
         return True
 
     return out if fill(0, GPU_MILLI) else None
+
+
+def arrived_prefix(pods: Sequence[TracePod], milli: float, batch: int) -> int:
+    """Pods arrived by the end of the cycle (``batch`` pods each) in which arrivals (GPU
+    thousandths asked, in order) reach ``milli``; all of them if they never do."""
+    arrived = 0
+    for i, p in enumerate(pods):
+        arrived += p.gpu_request_milli
+        if arrived >= milli:
+            return -(-(i + 1) // batch) * batch
+    return len(pods)
+
+
+def ceilings_at(
+    pods: Sequence[TracePod], nodes: Sequence[TraceNode], percents: Iterable[int], batch: int
+) -> dict[str, float]:
+    """:func:`lp_bound` of the pods arrived (in order) by each checkpoint of ``percents`` (%
+    of GPU capacity asked, taken at the end of the crossing cycle as a replay measures it),
+    rounded to hundredths; a checkpoint the arrivals never reach is left out. A ceiling for
+    any scheduler that places pods of the trace and never removes one."""
+    capacity = sum(n.gpus for n in nodes) * GPU_MILLI
+    total = sum(p.gpu_request_milli for p in pods)
+    out: dict[str, float] = {}
+    for pct in percents:
+        if not capacity or total * 100 < pct * capacity:
+            continue
+        bound = lp_bound(pods[: arrived_prefix(pods, capacity * pct / 100, batch)], nodes)
+        if bound is not None:
+            out[str(pct)] = round(bound, 2)
+    return out
 
 
 def _type(p: TracePod) -> tuple[int, int, int, int, tuple[str, ...]]:

@@ -424,6 +424,12 @@ def run_trace(
         batch=args.batch,
         drop_unplaced=bool(args.drop_unplaced),
     )
+    # What any scheduler could reach at each checkpoint (nothing departs in a replay), so the
+    # distance to the best possible is printed beside every ratio.
+    from scheduler.bench.openb_bound import ceilings_at
+
+    reached = [int(k) for k, v in summary["allocation_ratio_at_arrived"].items() if v is not None]
+    summary["lp_ceiling_at_arrived"] = ceilings_at(pods, nodes, reached, args.batch)
     if getattr(args, "slice", None):
         from scheduler.simulate.trace_slice import parse_slice
 
@@ -454,8 +460,13 @@ def run_trace(
     table = Table(title=f"openb replay ({args.policy}, batch {args.batch}, engine {engine})")
     table.add_column("arrived % of GPU capacity", justify="right")
     table.add_column("GPU allocation ratio %", justify="right")
+    table.add_column("LP ceiling %", justify="right")
+    ceilings = summary["lp_ceiling_at_arrived"]
     for k, v in summary["allocation_ratio_at_arrived"].items():
-        table.add_row(k, "-" if v is None else f"{v:.2f}")
+        ceiling = ceilings.get(k)
+        table.add_row(
+            k, "-" if v is None else f"{v:.2f}", "-" if ceiling is None else f"{ceiling:.2f}"
+        )
     console = Console()
     console.print(table)
     console.print(

@@ -206,6 +206,11 @@ def test_replay_slice_is_valid_and_ratios_match(
         == summary["allocation_ratio_at_arrived"]
     )
     assert summary["allocation_ratio_at_arrived"]["130"] is not None
+    # The LP ceiling stands beside every ratio, and no placement is above it.
+    ceilings = summary["lp_ceiling_at_arrived"]
+    reached = {k: v for k, v in summary["allocation_ratio_at_arrived"].items() if v is not None}
+    assert ceilings.keys() == reached.keys()
+    assert all(reached[k] <= ceilings[k] for k in reached)
 
 
 def test_checker_catches_broken_placements(tmp_path: Path) -> None:
