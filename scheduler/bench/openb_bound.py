@@ -40,7 +40,8 @@ the ``count`` nodes of ``h``; so the LP optimum is at least the placement's thou
   allow the same share sizes get one set of these rows, the sum of theirs (still valid, and
   a much smaller model: two sets on openb). Patterns are enumerated per set of sizes (about
   1,400 for the openb trace's 20 share sizes); a set that would need more than
-  :data:`MAX_PATTERNS` goes without these rows (a looser, still valid bound).
+  :data:`MAX_PATTERNS` (or :data:`MAX_VISITS` to find them) goes without these rows (a looser,
+  still valid bound).
 
 The LP optimum (GLOP) is returned as % of GPU capacity. CPU-only pods place no GPU and only
 take CPU and memory, so leaving them out relaxes the rows (the LP may also drop any pod, as
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_PATTERNS",
+    "MAX_VISITS",
     "NodeShape",
     "arrived_prefix",
     "ceilings_at",
@@ -80,6 +82,9 @@ __all__ = [
 
 #: Device patterns enumerated per set of share sizes before the pattern rows are left out.
 MAX_PATTERNS = 20_000
+#: Ways of filling a device looked at (full or not) before the same: many small sizes (a
+#: trace asking 10, 20, 30, ... thousandths) have millions of them.
+MAX_VISITS = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,12 +125,18 @@ def _most(p: TracePod, h: NodeShape) -> int:
 def device_patterns(sizes: Sequence[tuple[int, int]]) -> list[tuple[int, ...]] | None:
     """Every way to fill one device with shares that leaves no room for another: ``sizes``
     are (thousandths, most copies there are) pairs; each pattern gives the copies of each
-    size, in that order. None when there are more than :data:`MAX_PATTERNS`."""
+    size, in that order. None when there are more than :data:`MAX_PATTERNS`, or more than
+    :data:`MAX_VISITS` ways to look at."""
     out: list[tuple[int, ...]] = []
     counts = [0] * len(sizes)
+    visits = 0
 
     def fill(i: int, room: int) -> bool:
+        nonlocal visits
         if i == len(sizes):
+            visits += 1
+            if visits > MAX_VISITS:
+                return False
             if any(c < cap and s <= room for (s, cap), c in zip(sizes, counts, strict=True)):
                 return True  # not full: a larger pattern holds it
             out.append(tuple(counts))

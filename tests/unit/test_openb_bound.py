@@ -128,6 +128,17 @@ def test_too_many_patterns_leave_the_rows_out(monkeypatch: pytest.MonkeyPatch) -
     assert lp_bound(pods, nodes) == pytest.approx(100.0, abs=1e-3)  # the GPU row only
 
 
+def test_the_enumeration_gives_up_after_max_visits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sizes 10, 20, ..., 500 have millions of ways to fill a device: the search stops
+    after MAX_VISITS of them, however few full patterns it has found by then."""
+    sizes = [(s, 100) for s in range(500, 0, -10)]
+    monkeypatch.setattr(openb_bound, "MAX_PATTERNS", 10**9)
+    monkeypatch.setattr(openb_bound, "MAX_VISITS", 5_000)
+    assert device_patterns(sizes) is None
+    monkeypatch.setattr(openb_bound, "MAX_VISITS", 10**9)
+    assert device_patterns(sizes[:3]) is not None  # 500, 490, 480: a handful
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     shares=st.lists(st.sampled_from([50, 110, 230, 320, 470, 530, 650, 810, 1000]), max_size=14),
