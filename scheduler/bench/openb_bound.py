@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scheduler.cluster.node import GPU_MILLI
-from scheduler.simulate.trace import TraceNode, TracePod
+from scheduler.simulate.trace import TraceNode, TracePod, gpu_capacity_milli
 
 if TYPE_CHECKING:
     from ortools.linear_solver import pywraplp
@@ -170,7 +170,7 @@ def ceilings_at(
     of GPU capacity asked, taken at the end of the crossing cycle as a replay measures it),
     rounded to hundredths; a checkpoint the arrivals never reach is left out. A ceiling for
     any scheduler that places pods of the trace and never removes one."""
-    capacity = sum(n.gpus for n in nodes) * GPU_MILLI
+    capacity = gpu_capacity_milli(nodes)
     total = sum(p.gpu_request_milli for p in pods)
     out: dict[str, float] = {}
     for pct in percents:

@@ -451,9 +451,15 @@ def shared_index(
     ``state`` with ``scorer`` (the caller closes it). Nodes are split by name first when a pod
     selects one by name, as :func:`place_gangs` would do: that rebuilds every class, which an
     index made before could not follow."""
+    _split_if_named(state, gangs)
+    return ClassIndex(state, scorer, spread_devices=spread_devices)
+
+
+def _split_if_named(state: ClusterState, gangs: Sequence[GangRequest]) -> None:
+    """Give every node of ``state`` its own class when a pod of ``gangs`` selects nodes by
+    name (idempotent)."""
     if any(uses_node_name(p) for g in gangs for p in (*g.required, *g.extras)):
         state.split_by_name()
-    return ClassIndex(state, scorer, spread_devices=spread_devices)
 
 
 def place_gangs(
@@ -477,8 +483,7 @@ def place_gangs(
     a simulator that checks them itself). The returned assignments are already applied to
     ``state``; release them with :meth:`ClusterState.release` to undo.
     """
-    if any(uses_node_name(p) for g in gangs for p in (*g.required, *g.extras)):
-        state.split_by_name()
+    _split_if_named(state, gangs)
     own_index = index is None
     if index is None:
         index = ClassIndex(state, scorer or PackingScorer(), spread_devices=spread_devices)
