@@ -179,6 +179,12 @@ def _int(raw: Any, key: str, minimum: int) -> int:
     return raw
 
 
+def _weight(raw: Any, key: str) -> float:
+    if not isinstance(raw, int | float) or isinstance(raw, bool) or not 0 <= raw < 1e6:
+        raise ConfigError(key, f"{raw!r} must be a number >= 0 (0 turns it off)")
+    return float(raw)
+
+
 def _bool(raw: Any, key: str) -> bool:
     if not isinstance(raw, bool):
         raise ConfigError(key, f"{raw!r} must be true or false")
@@ -226,6 +232,7 @@ def _placement(raw: Any, base: PlacementSettings) -> PlacementSettings:
         "scoring": _scoring,
         "holdStrandingShares": _bool,
         "holdStrandingMaxWait": _max_wait,
+        "sharePriceWeight": _weight,
         "solverWorkers": lambda v, k: _int(v, k, 1),
         "greedyOnly": _bool,
         "takeBack": _bool,
@@ -239,6 +246,7 @@ def _placement(raw: Any, base: PlacementSettings) -> PlacementSettings:
         "scoring": "scoring",
         "holdStrandingShares": "hold_stranding_shares",
         "holdStrandingMaxWait": "hold_stranding_max_wait",
+        "sharePriceWeight": "share_price_weight",
         "solverWorkers": "workers",
         "greedyOnly": "greedy_only",
         "takeBack": "take_back",

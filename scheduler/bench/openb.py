@@ -43,6 +43,7 @@ from typing import Any, cast
 
 from scheduler.bench.openb_bound import arrived_prefix, lp_bound
 from scheduler.cluster.node import GPU_MILLI
+from scheduler.plugins.fragmentation import PRICE_WEIGHT
 from scheduler.simulate.replay import (
     Engine,
     Policy,
@@ -92,6 +93,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=1.0,
         help="weight of the model-scarcity term (0: off); the greedy engine only (batch 1): "
         "the live cycle uses the scorer's default, 1",
+    )
+    p.add_argument(
+        "--price-weight",
+        type=float,
+        default=PRICE_WEIGHT,
+        help="policy frag on the greedy and cycle engines: placement.sharePriceWeight, the "
+        f"weight of the share prices' term (0: off; default {PRICE_WEIGHT:g})",
     )
     p.add_argument(
         "--hold-stranding",
@@ -182,7 +190,9 @@ def placed_gap_bound(
     return 100 * (capacity_milli - worst) / capacity_milli
 
 
-Job = tuple[list[TraceNode], list[TracePod], int, int, str, float, str | None, str, float, bool]
+Job = tuple[
+    list[TraceNode], list[TracePod], int, int, str, float, str | None, str, float, bool, float
+]
 
 
 def _engine(engine: str, batch: int, policy: str) -> Engine:
@@ -190,7 +200,7 @@ def _engine(engine: str, batch: int, policy: str) -> Engine:
 
 
 def _one(job: Job) -> dict[str, Any]:
-    nodes, pods, seed, batch, policy, inflate_to, mix, engine, scarcity, hold = job
+    nodes, pods, seed, batch, policy, inflate_to, mix, engine, scarcity, hold, prices = job
     _quiet()
     chosen = _engine(engine, batch, policy)
     ordered = arrival_order(pods, nodes, seed=seed, inflate_to=inflate_to, mix=parse_mix(mix))
@@ -201,6 +211,7 @@ def _one(job: Job) -> dict[str, Any]:
             batch=batch,
             policy=cast(Policy, policy),
             scarcity_weight=scarcity,
+            price_weight=prices,
             tie_seed=seed,
             hold_stranding=hold and guard_runs(policy, chosen),
         ),
@@ -288,6 +299,7 @@ def run(args: argparse.Namespace) -> int:
             args.engine,
             args.scarcity_weight,
             args.hold_stranding,
+            args.price_weight,
         )
         # Larger batches first: through the live cycle a run at 64 takes five times one at
         # 1, and with the short ones last the workers finish together instead of one of

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 
 from scheduler.cluster.snapshot import Snapshot
 from scheduler.plugins.fragmentation import (
+    PRICE_WEIGHT,
     FragmentationScorer,
     WorkloadMix,
     frozen_capacity,
@@ -58,10 +59,14 @@ class ScorerMemory:
         self.built = 0
 
     def scorer_for(
-        self, snapshot: Snapshot, free: Mapping[str, int] | None = None
+        self,
+        snapshot: Snapshot,
+        free: Mapping[str, int] | None = None,
+        price_weight: float = PRICE_WEIGHT,
     ) -> FragmentationScorer:
         """A scorer for this cycle; ``free`` (GPU thousandths free per model) turns on the
-        model-scarcity term."""
+        model-scarcity term; ``price_weight`` is the scorer's (a changed weight is a new
+        measure)."""
         mix, models = snapshot_mix(snapshot)
         capacity = frozen_capacity(free)
         kept, basis = self._kept, self._basis
@@ -69,12 +74,13 @@ class ScorerMemory:
             kept is not None
             and basis is not None
             and models == self._models
+            and kept.price_weight == max(0.0, price_weight)
             and mix_distance(basis, mix) <= self.tolerance
         ):
             kept.retarget(mix, capacity)
             self.reused += 1
             return kept
-        fresh = FragmentationScorer(mix, models, capacity=capacity)
+        fresh = FragmentationScorer(mix, models, capacity=capacity, price_weight=price_weight)
         fresh.memo_limit = self.max_states
         self._kept, self._basis, self._models = fresh, mix, models
         self.built += 1

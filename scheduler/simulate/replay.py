@@ -31,7 +31,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from scheduler.cluster.node import GPU_MILLI
-from scheduler.plugins.fragmentation import FragmentationScorer, Measure, free_gpu_by_model
+from scheduler.plugins.fragmentation import (
+    PRICE_WEIGHT,
+    FragmentationScorer,
+    Measure,
+    free_gpu_by_model,
+)
 from scheduler.simulate.replay_arrays import CycleEngine, Outcome, array_engine, mix_for, trace_task
 from scheduler.simulate.replay_timeline import DeviceLedger, ReplaySample
 from scheduler.simulate.trace import (
@@ -101,6 +106,9 @@ class ReplaySettings:
     coverage: float = 1.0
     #: Weight of the model-scarcity term (0 turns it off; see fragmentation.model_scarcity).
     scarcity_weight: float = 1.0
+    #: Weight of the share-price term (``placement.sharePriceWeight``; 0 turns it off; see
+    #: :mod:`scheduler.plugins.device_prices`), on the live engines.
+    price_weight: float = PRICE_WEIGHT
     #: Seed of the ``paper-bestfit`` baseline's random choice among equally scored nodes.
     tie_seed: int = 0
     #: ``frag`` policy, live engines (``greedy``, ``cycle``): hold a share back rather than
@@ -171,6 +179,7 @@ def _greedy_engine(nodes: Sequence[TraceNode], settings: ReplaySettings) -> Cycl
             (s.node.gpu_model, s.gpu_free) for s in state.nodes.values()
         ),
         scarcity_weight=settings.scarcity_weight,
+        price_weight=settings.price_weight,
     )
     scorer.hold_stranding = settings.hold_stranding
     # One index for the whole replay: between refreshes of the mix a class keeps its score,
@@ -217,6 +226,7 @@ def _cycle_engine(nodes: Sequence[TraceNode], settings: ReplaySettings) -> Cycle
         scoring="packing" if settings.policy == "bestfit" else "fragmentation",
         take_back=False,
         hold_stranding_shares=settings.hold_stranding,
+        share_price_weight=settings.price_weight,
     )
 
     # One event loop for every cycle: asyncio.run() in the main thread installs a SIGINT

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
+from scheduler.plugins.fragmentation import PRICE_WEIGHT
+
 if TYPE_CHECKING:
     from scheduler.cluster.dra import ClaimAllocation
 
@@ -62,6 +64,10 @@ class PlacementSettings:
     #: Past it the pod is placed like any other: a held share is not starved because the
     #: cluster stays busy.
     hold_stranding_max_wait: float = 900.0
+    #: With ``fragmentation`` scoring: weight of the share prices' term (what a device's
+    #: free room can no longer earn at the prices of the workload mix's configuration LP,
+    #: :mod:`scheduler.plugins.device_prices`) against fragmentation; 0 turns it off.
+    share_price_weight: float = PRICE_WEIGHT
     #: Wall-clock budget for the optimising stages of a cycle: CP-SAT placement (the greedy
     #: answer is used if time runs out), then taking back with what is left of it (at least
     #: 0.2 s, see :data:`scheduler.solver.takeback.MIN_BUDGET_SECONDS`).

@@ -73,7 +73,8 @@ class PackingQuality:
 class FragmentationQuality:
     """The fragmentation scorer's measure as a node cost, in GPU thousandths (rounded).
 
-    ``fragmentation(state) + w * scarcity(model) * used thousandths``: its change when a pod
+    ``fragmentation(state) + w * scarcity(model) * used thousandths`` (the measure includes
+    the scorer's share-price term when it has one): its change when a pod
     lands is the scorer's score of that placement (without the sub-unit packing
     tie-break), so greedy and model judge a placement alike. Counting *used* rather than
     taken thousandths keeps the cost non-negative; the difference is a constant per node.
@@ -118,8 +119,10 @@ class FragmentationQuality:
         return out
 
     def span(self, node: Node) -> int:
-        # fragmentation <= free thousandths, the scarcity part <= w * used thousandths
-        return int((1 + max(1.0, self._per_used(node))) * GPU_MILLI * max(1, node.gpu_count)) + 1
+        # fragmentation <= free thousandths, the scarcity part <= w * used thousandths, the
+        # price part <= price_weight * GPU_MILLI per device (no fill earns over one device)
+        scale = 1 + max(1.0, self._per_used(node)) + self.scorer.price_weight
+        return int(scale * GPU_MILLI * max(1, node.gpu_count)) + 1
 
 
 def quality_for(scorer: NodeScorer, gpu: Strategy, cpu: Strategy) -> NodeQuality | None:

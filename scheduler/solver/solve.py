@@ -219,9 +219,9 @@ def _solve(
         if scorer is None and settings.scoring == "fragmentation":
             free = free_gpu_by_model((s.node.gpu_model, s.gpu_free) for s in state.nodes.values())
             scorer = (
-                scorers.scorer_for(snapshot, free)
+                scorers.scorer_for(snapshot, free, settings.share_price_weight)
                 if scorers is not None
-                else scorer_for_snapshot(snapshot, free)
+                else scorer_for_snapshot(snapshot, free, settings.share_price_weight)
             )
             scorer.hold_stranding = settings.hold_stranding_shares
             scorer.limit_holds(snapshot.now, settings.hold_stranding_max_wait)

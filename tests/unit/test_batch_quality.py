@@ -137,7 +137,7 @@ def test_the_measure_follows_the_scorer() -> None:
 def _left_free(snap: Snapshot, assignments: tuple[PodAssignment, ...]) -> float:
     """Fragmentation the assignments add to the nodes they land on, for the cluster's mix."""
     state = ClusterState.from_snapshot(snap)
-    scorer = scorer_for_snapshot(snap)
+    scorer = scorer_for_snapshot(snap, price_weight=0.0)
 
     def frag(name: str) -> float:
         s = state.nodes[name]
@@ -164,13 +164,25 @@ def test_the_model_places_the_batch_for_what_it_leaves_free() -> None:
         gangs=tuple(Gang("ns", p.name, queue="q", creation_time=i) for i, p in enumerate(pods)),
         queues=(Queue("q"),),
     )
-    greedy = solve(snap, PlacementSettings(scoring="fragmentation", greedy_only=True))
-    batch = solve(snap, PlacementSettings(scoring="fragmentation"))
+    # Fragmentation alone (no share prices): what the batch objective adds to the greedy.
+    plain = PlacementSettings(scoring="fragmentation", share_price_weight=0.0)
+    greedy = solve(
+        snap, PlacementSettings(scoring="fragmentation", greedy_only=True, share_price_weight=0.0)
+    )
+    batch = solve(snap, plain)
     assert {a.pod_uid for a in batch.assignments} == {p.uid for p in pods}
     assert {a.pod_uid for a in greedy.assignments} == {p.uid for p in pods}
     assert batch.status.value in ("OPTIMAL", "FEASIBLE")
     assert _left_free(snap, batch.assignments) < _left_free(snap, greedy.assignments) - 1
     where = {a.pod_uid: (a.node, a.gpu_grant[0][0]) for a in batch.assignments}
+    assert where["p2"] == where["p3"]
+    # With the share prices (the default) a 300 beside the 500 spoils room a 500 could use
+    # (this batch's mix is half 300s), so the greedy alone already pairs the 300s.
+    priced = solve(snap, PlacementSettings(scoring="fragmentation", greedy_only=True))
+    assert _left_free(snap, priced.assignments) == pytest.approx(
+        _left_free(snap, batch.assignments)
+    )
+    where = {a.pod_uid: (a.node, a.gpu_grant[0][0]) for a in priced.assignments}
     assert where["p2"] == where["p3"]
 
 

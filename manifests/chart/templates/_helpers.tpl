@@ -51,4 +51,7 @@ holdStrandingShares: true
 {{- with .Values.placement.holdStrandingMaxWait }}
 holdStrandingMaxWait: {{ . | quote }}
 {{- end }}
+{{- if ne (toString .Values.placement.sharePriceWeight) "" }}
+sharePriceWeight: {{ .Values.placement.sharePriceWeight }}
+{{- end }}
 {{- end -}}
