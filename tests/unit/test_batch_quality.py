@@ -4,6 +4,7 @@ what it leaves free on the nodes, not pod by pod (issue #16)."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -13,6 +14,7 @@ from scheduler.cluster.snapshot import Snapshot
 from scheduler.framework.scoring import PodDemand
 from scheduler.plugins.fragmentation import (
     MIB,
+    PRICE_WEIGHT,
     FragmentationScorer,
     TaskType,
     WorkloadMix,
@@ -166,9 +168,7 @@ def test_the_model_places_the_batch_for_what_it_leaves_free() -> None:
     )
     # Fragmentation alone (no share prices): what the batch objective adds to the greedy.
     plain = PlacementSettings(scoring="fragmentation", share_price_weight=0.0)
-    greedy = solve(
-        snap, PlacementSettings(scoring="fragmentation", greedy_only=True, share_price_weight=0.0)
-    )
+    greedy = solve(snap, replace(plain, greedy_only=True))
     batch = solve(snap, plain)
     assert {a.pod_uid for a in batch.assignments} == {p.uid for p in pods}
     assert {a.pod_uid for a in greedy.assignments} == {p.uid for p in pods}
@@ -178,7 +178,7 @@ def test_the_model_places_the_batch_for_what_it_leaves_free() -> None:
     assert where["p2"] == where["p3"]
     # With the share prices (the default) a 300 beside the 500 spoils room a 500 could use
     # (this batch's mix is half 300s), so the greedy alone already pairs the 300s.
-    priced = solve(snap, PlacementSettings(scoring="fragmentation", greedy_only=True))
+    priced = solve(snap, replace(plain, greedy_only=True, share_price_weight=PRICE_WEIGHT))
     assert _left_free(snap, priced.assignments) == pytest.approx(
         _left_free(snap, batch.assignments)
     )
