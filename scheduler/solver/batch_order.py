@@ -31,6 +31,7 @@ so the model can go on where the two orders stop: any mix of the batch's pods pe
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TypeGuard
 
 import structlog
 
@@ -40,7 +41,7 @@ from scheduler.solver.placement import PodAssignment
 from scheduler.solver.quality import FragmentationQuality
 from scheduler.solver.state import ClusterState
 
-__all__ = ["batch_cost", "better_batch", "size_order"]
+__all__ = ["batch_cost", "better_batch", "reorders", "size_order"]
 
 log = structlog.get_logger(__name__)
 
@@ -60,6 +61,11 @@ def size_order(gangs: Sequence[GangRequest]) -> list[GangRequest]:
     )
 
 
+def reorders(scorer: object, gangs: Sequence[GangRequest]) -> TypeGuard[FragmentationScorer]:
+    """Whether :func:`better_batch` places ``gangs`` a second time with ``scorer``."""
+    return isinstance(scorer, FragmentationScorer) and 2 <= len(gangs) <= MAX_BATCH_GANGS
+
+
 def better_batch(
     state: ClusterState,
     gangs: Sequence[GangRequest],
@@ -72,10 +78,9 @@ def better_batch(
     """The better of ``greedy`` (applied to ``state``) and ``place(size_order(gangs))``; see
     the module docstring. ``state`` holds the returned answer. ``admission`` maps admitted
     gang keys to a comparable admission value (higher is better)."""
-    if not isinstance(scorer, FragmentationScorer) or len(gangs) < 2:
-        return greedy
-    if len(gangs) > MAX_BATCH_GANGS:
-        log.debug("batch_order_skipped", cycle=cycle, gangs=len(gangs))
+    if not reorders(scorer, gangs):
+        if isinstance(scorer, FragmentationScorer) and len(gangs) > MAX_BATCH_GANGS:
+            log.debug("batch_order_skipped", cycle=cycle, gangs=len(gangs))
         return greedy
     ordered = size_order(gangs)
     if [g.key for g in ordered] == [g.key for g in gangs]:

@@ -514,7 +514,7 @@ def _place_again(
                 if _keep(state, g, mine, book):
                     result.placed[g.key] = mine
                     continue
-            if g.required and signature(g) in no_room:
+            if g.required and no_room and signature(g) in no_room:
                 result.failed[g.key] = (NO_FIT, "no room for the whole gang")
                 continue
             batch.append(g)

@@ -2,7 +2,8 @@
 
 Pipeline: fair shares and admission order (:mod:`scheduler.fairness`) -> pending gangs split
 into required pods and extras (:mod:`.problem`) -> :class:`~.state.ClusterState` (node
-equivalence classes) -> greedy in admission order (:mod:`.greedy`) -> relaxation bound and
+equivalence classes) -> greedy in admission order (:mod:`.greedy`; up to the first priority
+tier that leaves a gang out, :mod:`.frontier`) -> relaxation bound and
 relaxation-guided greedy, then CP-SAT on the aggregated model, stage by priority tier
 (:mod:`.hybrid`, :mod:`.bound`, :mod:`.guided`, :mod:`.cpsat`) -> the better answer ->
 :func:`~.validate.validate` (fall back to greedy, then to nothing) ->
@@ -55,9 +56,10 @@ from scheduler.plugins.fragmentation import (
 from scheduler.plugins.packing import PackingScorer
 from scheduler.plugins.scorer_memory import ScorerMemory
 from scheduler.plugins.strand_guard import HELD_CODE
-from scheduler.solver.batch_order import better_batch
+from scheduler.solver.batch_order import better_batch, reorders
 from scheduler.solver.cpsat import CpResult
 from scheduler.solver.cpsat_topology import place_ruled_exactly
+from scheduler.solver.frontier import finish_greedy, place_to_frontier
 from scheduler.solver.greedy import (
     ClassIndex,
     GangRequest,
@@ -214,6 +216,19 @@ def _solve(
             index=index,
         )
 
+    topology = topology_gang_sets(snapshot, problem)
+    # Gangs whose pods use ResourceClaims: only the greedy sees devices (dra_state), so
+    # every later stage keeps them as it placed them, and taking back leaves them out.
+    with_claims = frozenset(
+        g.key
+        for g in problem.order
+        if any(state.needs_devices(p) for p in (*g.required, *g.extras))
+    )
+    # Gangs of the tiers below the greedy's frontier, not placed yet (see .frontier); the
+    # book holds the queue charges of what the greedy placed before them.
+    rest: list[GangRequest] = []
+    book = QueueBook(snapshot.queue_tree, report)
+
     hold: ShareHold | None = None
     try:
         if scorer is None and settings.scoring == "fragmentation":
@@ -236,7 +251,21 @@ def _solve(
         # again (openb seed 42, batch 64: 120 -> 111 s for the replay).
         shared = shared_index(state, scorer, problem.order, spread_devices=spread)
         try:
-            greedy = run_greedy(state, scorer, index=shared)
+            # Only where every later stage may place any gang again: no gang kept as the
+            # greedy placed it (topology rules, claims, restoring), no second order of the
+            # batch, no strand guard reading the greedy's failures.
+            if (
+                not settings.greedy_only
+                and hold is None
+                and not reorders(scorer, problem.order)
+                and not (topology.ruled or topology.left_to_greedy or with_claims)
+                and not any(g.restoring for g in problem.order)
+            ):
+                greedy, rest = place_to_frontier(
+                    state, problem.order, scorer, shared, book, spread_devices=spread, cycle=cycle
+                )
+            else:
+                greedy = run_greedy(state, scorer, index=shared)
             if not settings.greedy_only:
                 # The batch as a whole (fragmentation scorer, batches up to 128 gangs): a
                 # second, largest-first pass.
@@ -257,18 +286,10 @@ def _solve(
         # A pluggable scorer (fragmentation) that trips on unusual input must not stop
         # scheduling: this cycle places with binpack/spread instead, on a fresh state.
         log.exception("scorer_failed", cycle=cycle, scorer=type(scorer).__name__)
-        scorer, hold = packing, None
+        scorer, hold, rest = packing, None, []
         state = ClusterState.from_snapshot(snapshot, label_keys=label_keys)
         initial = current_classes(state)
         greedy = run_greedy(state, scorer)
-    topology = topology_gang_sets(snapshot, problem)
-    # Gangs whose pods use ResourceClaims: only the greedy sees devices (dra_state), so
-    # every later stage keeps them as it placed them, and taking back leaves them out.
-    with_claims = frozenset(
-        g.key
-        for g in problem.order
-        if any(state.needs_devices(p) for p in (*g.required, *g.extras))
-    )
     if any(p.topology_rules for g in problem.order for p in g.required):
         greedy = place_ruled_again(snapshot, problem, topology.ruled, state, greedy, cycle)
     exact_ruled = topology.ruled - with_claims
@@ -308,11 +329,28 @@ def _solve(
             candidates.append((SolveStatus(engine), cp_assignments))
     lap("cpsat")
     greedy_list = greedy.assignments  # a property that builds a new list: take it once
+    # What ``state`` holds (None: it cannot be trusted any more).
+    on_state: list[PodAssignment] | None = (
+        cp_assignments if cp_assignments is not None else greedy_list
+    )
     candidates.append((SolveStatus.GREEDY, greedy_list))
     assignments: list[PodAssignment] = []
     status = SolveStatus.EMPTY
     all_violations: list[str] = []
     for engine, found in candidates:
+        if found is greedy_list and rest and on_state is not None:
+            # The greedy's answer is wanted (the model stage kept it, failed, or was refused)
+            # and it stopped at its frontier: the tiers below are placed now, as the pass
+            # would have placed them, from its own placement.
+            if _bring_to(state, on_state, greedy_list):
+                greedy = finish_greedy(
+                    state, greedy, rest, problem.order, scorer, book, spread_devices=spread,
+                    cycle=cycle,
+                )  # fmt: skip
+                rest = []
+                found = greedy_list = on_state = greedy.assignments
+            else:
+                on_state = None
         violations = validate(snapshot, found)
         if not violations:
             assignments, status = found, engine
@@ -324,8 +362,7 @@ def _solve(
     if stranding:
         assignments = [a for a in assignments if a.gang not in stranding]
     lap("validate")
-    held = cp_assignments if cp_assignments is not None else greedy_list
-    in_step = _bring_to(state, held, assignments)
+    in_step = on_state is not None and _bring_to(state, on_state, assignments)
     taken = TakeBack()
     if in_step and settings.take_back and len({a.gang for a in assignments}) < len(problem.order):
         budget = settings.time_limit_seconds - (time.perf_counter() - optimise_started)
