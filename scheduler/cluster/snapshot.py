@@ -104,13 +104,19 @@ class Snapshot:
         return dict(out)
 
     @cached_property
+    def pending_pods(self) -> tuple[Pod, ...]:
+        """The pods still waiting for a node (:attr:`Pod.pending`), in snapshot order: most
+        pods of a busy cluster run, and several passes of a cycle want only these."""
+        return tuple(p for p in self.pods if p.pending)
+
+    @cached_property
     def pending_by_gang(self) -> dict[str, tuple[Pod, ...]]:
         """Each gang's pods still waiting for a node (:attr:`Pod.pending`), oldest first
         (then by name); gangs with none are absent. Most gangs of a busy cluster are running
         ones, so the passes over pending work start here rather than at :attr:`gangs`."""
         out: dict[str, list[Pod]] = {}
-        for p in self.pods:
-            if p.gang and p.pending:
+        for p in self.pending_pods:
+            if p.gang:
                 out.setdefault(p.gang, []).append(p)
         return {
             k: tuple(sorted(v, key=lambda p: (p.creation_time, p.name))) for k, v in out.items()

@@ -142,7 +142,7 @@ class FreeCapacity:
         self._alloc: dict[object, tuple[tuple[str, int], ...]] = {}
         if snapshot is None:
             return
-        by_name = any(uses_node_name(p) for p in snapshot.pods if p.pending)
+        by_name = any(uses_node_name(p) for p in snapshot.pending_pods)
         states = snapshot.node_states()
         by_uid = snapshot.pod_by_uid
         leaving = [by_uid[u] for u in freed if u in by_uid and by_uid[u].node_name in states]

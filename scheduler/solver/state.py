@@ -218,7 +218,7 @@ class ClusterState:
         usage = bound_usage(snapshot)
         bound = usage.bound
         slots = free_slots(snapshot.nodes, usage)
-        pending = [p for p in snapshot.pods if p.pending]
+        pending = snapshot.pending_pods
         if by_name is None:
             by_name = any(uses_node_name(p) for p in pending)
         state = cls(slots, by_name=by_name, label_keys=label_keys)
