@@ -201,19 +201,27 @@ class BoundUsage(NamedTuple):
     bound: list[Pod]
 
 
-def bound_usage(snapshot: Snapshot, names: Iterable[str] | None = None) -> BoundUsage:
+def bound_usage(
+    snapshot: Snapshot, names: Iterable[str] | None = None, *, pods: bool = True
+) -> BoundUsage:
     """What the active bound pods of ``snapshot`` hold, for the nodes ``names`` (default:
     all). The one accounting the snapshot, the solver's state and the validator share.
 
     Computed once per snapshot (a cycle asks several times); each call gets its own copies
-    of the rows, which callers may change.
+    of the rows, which callers may change. ``pods=False``: without the list of those pods
+    (empty; picking them for some nodes walks every bound pod of the cluster).
     """
     full = snapshot._bound_usage
     wanted = full.used if names is None else names
     used = {n: dict(full.used[n]) for n in wanted}
     gpu_free = {n: list(full.gpu_free[n]) for n in used}
     pod_count = {n: full.pod_count[n] for n in used}
-    bound = list(full.bound) if names is None else [p for p in full.bound if p.node_name in used]
+    if not pods:
+        bound: list[Pod] = []
+    elif names is None:
+        bound = list(full.bound)
+    else:
+        bound = [p for p in full.bound if p.node_name in used]
     return BoundUsage(used, gpu_free, pod_count, bound)
 
 

@@ -136,18 +136,22 @@ def quality_change(
         if a.node in by_node:
             on_node.setdefault(a.node, []).append(a)
     change = 0
+    # Binpack/spread cost a GPU node by its devices alone: no CPU and memory to follow there.
+    devices_only = getattr(quality, "devices_only", False)
     for name, here in by_node.items():
         slot = state.nodes[name]
         states = []
         free, gpu = dict(slot.free), list(slot.gpu_free)
+        follow = not (devices_only and gpu)
         for group, sign in ((on_node.get(name, ()), 1), (here, -1)):
             for a in group:
-                demand = state.demand(state.pods[a.pod_uid], name)
-                for r, v in demand.requests.items() if demand else ():
-                    free[r] = free.get(r, 0) + sign * v
+                if follow:
+                    demand = state.demand(state.pods[a.pod_uid], name)
+                    for r, v in demand.requests.items() if demand else ():
+                        free[r] = free.get(r, 0) + sign * v
                 for i, m in a.gpu_grant:
                     gpu[i] += sign * m
-            states.append((dict(free), list(gpu)))
+            states.append((dict(free) if follow else free, list(gpu)))
         before, after = quality.costs(slot.node, states)
         change += after - before
     return change

@@ -56,6 +56,10 @@ class NodeQuality(Protocol):
 class PackingQuality:
     """Binpack/spread: :func:`scheduler.plugins.packing.node_cost`."""
 
+    #: The cost of a node with GPUs reads its devices alone (see :func:`node_cost`): who
+    #: measures states of such nodes need not follow their CPU and memory.
+    devices_only = True
+
     def __init__(self, gpu: Strategy, cpu: Strategy) -> None:
         self.gpu: Strategy = gpu
         self.cpu: Strategy = cpu

@@ -128,7 +128,7 @@ def validate(
     # Usage only of the nodes this placement touches: the snapshot's own accounting on a
     # sub-snapshot, so a 5,000-node cycle does not pay for nodes it leaves alone.
     touched = {a.node for a in assignments if a.node in nodes}
-    used, gpu_free, pod_count, _ = bound_usage(snapshot, touched)
+    used, gpu_free, pod_count, _ = bound_usage(snapshot, touched, pods=False)
     _evict(pods, evicted, touched, used, gpu_free, pod_count)
     totals = _Totals(used, gpu_free, pod_count)
     _count(snapshot, assignments, checked, totals, out)
@@ -164,7 +164,7 @@ def _validate_more(
     # ``before`` stays as it was) only where they land.
     mine = {a.node for a in more if a.node in nodes}
     fresh = mine - before.used.keys()
-    used, gpu_free, pod_count, _ = bound_usage(snapshot, fresh)
+    used, gpu_free, pod_count, _ = bound_usage(snapshot, fresh, pods=False)
     for n in mine - fresh:
         used[n] = dict(before.used[n])
         gpu_free[n] = list(before.gpu_free[n])
