@@ -114,8 +114,9 @@ class UnitIndex:
     them for every gang was most of a gang's time."""
 
     def __init__(self, units: Sequence[Unit], cost: Sequence[int]) -> None:
-        #: Unit ids by (cost, id): the cheapest-first order.
-        self.by_cost = sorted(range(len(units)), key=lambda i: (cost[i], i))
+        #: Unit ids by (cost, id): the cheapest-first order (the sort is stable and the ids
+        #: come in order, so sorting by cost alone gives it without a key tuple per unit).
+        self.by_cost = sorted(range(len(units)), key=cost.__getitem__)
         self.ids = frozenset(range(len(units)))
         self.cost = cost
         self._by_cost_on: dict[str, list[int]] = {}
@@ -185,7 +186,7 @@ class UnitIndex:
         found = self._by_cost_on.get(n)
         if found is None:
             cost = self.cost
-            found = self._by_cost_on[n] = sorted(self.on_node[n], key=lambda i: (cost[i], i))
+            found = self._by_cost_on[n] = sorted(self.on_node[n], key=cost.__getitem__)
         return found
 
     def cheapest_on(self, n: str, actions: Mapping[int, EvictAction]) -> int | None:
