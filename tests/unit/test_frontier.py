@@ -14,7 +14,7 @@ from scheduler.fairness import compute_fair_shares
 from scheduler.plugins.packing import PackingScorer
 from scheduler.solver import PlacementSettings, SolveStatus, solve, validate
 from scheduler.solver.frontier import finish_greedy, place_to_frontier, priority_tiers
-from scheduler.solver.greedy import ClassIndex, place_gangs
+from scheduler.solver.greedy import ClassIndex, GangRequest, GreedyResult, place_gangs
 from scheduler.solver.problem import build_problem
 from scheduler.solver.queues import QueueBook
 from scheduler.solver.state import ClusterState
@@ -50,6 +50,19 @@ def _greedy_parts(snap: Snapshot) -> tuple[ClusterState, Any, QueueBook, Packing
     return state, problem, QueueBook(snap.queue_tree, report), PackingScorer()
 
 
+def _to_frontier(
+    snap: Snapshot,
+) -> tuple[ClusterState, Any, QueueBook, PackingScorer, GreedyResult, list[GangRequest]]:
+    """:func:`place_to_frontier` over the snapshot's order, with its state and book."""
+    state, problem, book, scorer = _greedy_parts(snap)
+    index = ClassIndex(state, scorer)
+    try:
+        greedy, rest = place_to_frontier(state, problem.order, scorer, index, book)
+    finally:
+        index.close()
+    return state, problem, book, scorer, greedy, rest
+
+
 def test_priority_tiers_are_the_runs_of_one_priority() -> None:
     problem = build_problem(_snapshot(4), compute_fair_shares(_snapshot(4)))
     tiers = priority_tiers(problem.order)
@@ -59,12 +72,7 @@ def test_priority_tiers_are_the_runs_of_one_priority() -> None:
 
 def test_the_pass_stops_after_the_first_tier_that_leaves_a_gang_out() -> None:
     snap = _snapshot(20)  # 20 GPUs on a 16-GPU cluster: never fits
-    state, problem, book, scorer = _greedy_parts(snap)
-    index = ClassIndex(state, scorer)
-    try:
-        greedy, rest = place_to_frontier(state, problem.order, scorer, index, book)
-    finally:
-        index.close()
+    state, _, book, _, greedy, rest = _to_frontier(snap)
     assert set(greedy.placed) == {"default/small"} and "default/big" in greedy.failed
     assert [g.key for g in rest] == ["default/low0", "default/low1", "default/elastic"]
     # Nothing of the lower tiers is on the state, and the book holds only what was placed.
@@ -74,12 +82,7 @@ def test_the_pass_stops_after_the_first_tier_that_leaves_a_gang_out() -> None:
 
 def test_a_pass_that_does_not_stop_is_the_one_pass_of_place_gangs() -> None:
     snap = _snapshot(2, extras=2)
-    state, problem, book, scorer = _greedy_parts(snap)
-    index = ClassIndex(state, scorer)
-    try:
-        tiered, rest = place_to_frontier(state, problem.order, scorer, index, book)
-    finally:
-        index.close()
+    _, problem, _, _, tiered, rest = _to_frontier(snap)
     one, _, book_one, _ = _greedy_parts(snap)
     single = place_gangs(one, problem.order, PackingScorer(), book=book_one)
     assert rest == []
@@ -89,12 +92,7 @@ def test_a_pass_that_does_not_stop_is_the_one_pass_of_place_gangs() -> None:
 
 def test_finishing_a_stopped_pass_places_the_lower_tiers_and_the_extras() -> None:
     snap = _snapshot(20, extras=2)
-    state, problem, book, scorer = _greedy_parts(snap)
-    index = ClassIndex(state, scorer)
-    try:
-        greedy, rest = place_to_frontier(state, problem.order, scorer, index, book)
-    finally:
-        index.close()
+    state, problem, book, scorer, greedy, rest = _to_frontier(snap)
     done = finish_greedy(state, greedy, rest, problem.order, scorer, book)
     # 2 + 4 + 4 + 4 required GPUs, then both extras: the 16 GPUs of the cluster.
     assert set(done.placed) == {"default/small", "default/low0", "default/low1", "default/elastic"}
