@@ -136,8 +136,7 @@ def quality_change(
         if a.node in by_node:
             on_node.setdefault(a.node, []).append(a)
     change = 0
-    # Binpack/spread cost a GPU node by its devices alone: no CPU and memory to follow there.
-    devices_only = getattr(quality, "devices_only", False)
+    devices_only = quality.devices_only  # then no CPU and memory to follow on GPU nodes
     for name, here in by_node.items():
         slot = state.nodes[name]
         states = []

@@ -39,6 +39,10 @@ NodeState = tuple[Mapping[str, int], Sequence[int]]
 class NodeQuality(Protocol):
     """An integer cost of a node state; lower is better."""
 
+    #: True when the cost of a node with GPUs reads its devices alone: who measures states
+    #: of such nodes need not follow their CPU and memory.
+    devices_only: bool
+
     def costs(self, node: Node, states: Sequence[NodeState]) -> list[int]:
         """The cost of each state of ``node`` (one call per node class: a measure may
         compute them together)."""
@@ -56,8 +60,7 @@ class NodeQuality(Protocol):
 class PackingQuality:
     """Binpack/spread: :func:`scheduler.plugins.packing.node_cost`."""
 
-    #: The cost of a node with GPUs reads its devices alone (see :func:`node_cost`): who
-    #: measures states of such nodes need not follow their CPU and memory.
+    #: :func:`node_cost` of a node with GPUs reads its devices alone.
     devices_only = True
 
     def __init__(self, gpu: Strategy, cpu: Strategy) -> None:
@@ -83,6 +86,9 @@ class FragmentationQuality:
     tie-break), so greedy and model judge a placement alike. Counting *used* rather than
     taken thousandths keeps the cost non-negative; the difference is a constant per node.
     """
+
+    #: Fragmentation reads CPU and memory too.
+    devices_only = False
 
     def __init__(self, scorer: FragmentationScorer) -> None:
         self.scorer = scorer
