@@ -97,12 +97,22 @@ class _Need:
         return self.total_devices >= self.devices and self.total_cpu >= self.cpu and self.roomy > 0
 
     def reachable(self, units: Sequence[Unit]) -> bool:
-        """Could it fit if every one of ``units`` were gone? (Devices they hold whole.)"""
-        gained: Counter[str] = Counter()
+        """Could it fit if every one of ``units`` were gone? (Devices that become whole: held
+        whole by them, or shared and left free once their shares go.)"""
+        freed: dict[str, dict[int, int]] = {}
         for u in units:
             for p in u.pods:
-                if p.node_name in self.accepting:
-                    gained[p.node_name] += sum(1 for _, m in p.gpu_grant if m >= GPU_MILLI)
+                if p.node_name in self.accepting and p.gpu_grant:
+                    here = freed.setdefault(p.node_name, {})
+                    for d, m in p.gpu_grant:
+                        here[d] = here.get(d, 0) + m
+        gained: Counter[str] = Counter()
+        nodes = self.state.nodes
+        for n, here in freed.items():
+            free = nodes[n].gpu_free
+            gained[n] = sum(
+                1 for d, m in here.items() if d < len(free) and free[d] < GPU_MILLI <= free[d] + m
+            )
         total = self.total_devices + sum(gained.values())
         best = max((self.per_node[n][0] + gained[n] for n in self.per_node), default=0)
         return total >= self.devices and best >= self.largest
@@ -341,7 +351,7 @@ def greedy_choice(
     # (The first of the cycle's cheapest-first order that count: without sorting every unit.)
     cheapest: list[int] = []
     for i in index.by_cost:
-        if i in actions and not units[i].nodes.isdisjoint(accepting):
+        if i in actions and any(n in per_node for n in units[i].nodes):
             cheapest.append(i)
             if len(cheapest) >= MAX_GREEDY_UNITS:
                 break

@@ -98,6 +98,12 @@ def solve_gang(
         for n in u.nodes:
             if n in accepting:
                 moving_on[n].append(u)
+    # Nodes where no pod of the gang could go even with their candidates gone are left out:
+    # evicted or moved (the model's), evicted only (the greedy's, which never moves).
+    evicting, useless = _cannot_host(g, state, hosts, moving_on)
+    for n in useless:
+        hosts.pop(n, None)
+        moving_on.pop(n, None)
     hosting = hosts.keys() | moving_on.keys()
     # Only the first nodes of each order are taken: nsmallest is sorted(...)[:k] (the keys
     # end with the node name, so there are no ties), without sorting every victim's node.
@@ -152,7 +158,17 @@ def solve_gang(
         [units[i] for i in actions], actions, g, snapshot.queue_tree, book.report, book.charged
     )
     hint = greedy_choice(
-        snapshot, g, units, cost, actions, state, pdb_used, rooms, accepting, index, hosts
+        snapshot,
+        g,
+        units,
+        cost,
+        actions,
+        state,
+        pdb_used,
+        rooms,
+        accepting,
+        index,
+        {n: v for n, v in hosts.items() if n not in evicting},
     )
     if hint is not None:
         hint.floor = floor
@@ -361,6 +377,41 @@ def solve_gang(
     if hint is not None:
         hint.floor = floor
     return hint
+
+
+def _cannot_host(
+    g: GangRequest,
+    state: ClusterState,
+    hosts: Mapping[str, tuple[int, int, int]],
+    moving_on: Mapping[str, Sequence[Unit]],
+) -> tuple[set[str], set[str]]:
+    """Nodes where no pod of ``g`` fits even with every candidate there gone: (with the
+    evicted ones gone, with the evicted and the moved ones gone). A node fails when it has
+    fewer whole devices than the gang's smallest whole-GPU pod asks for, counting each device
+    a candidate holds any part of as freed (an upper bound).
+
+    Freeing room on such a node only costs. Left in, the nodes whose few cheap victims free
+    part of the node came first (least cost per GPU freed): in the model they took the
+    places of nodes that could be freed whole, and the greedy spent its units on them, so a
+    gang of whole-node pods found no plan on a cluster with a thousand freeable nodes."""
+    least = min((p.gpu.count for p in g.required if p.gpu is not None and p.gpu.whole), default=0)
+    if not least:
+        return set(), set()
+    evicting: set[str] = set()
+    either: set[str] = set()
+    nodes = state.nodes
+    for n in hosts.keys() | moving_on.keys():
+        room = hosts[n][2] if n in hosts else 0
+        if room < least:
+            room += sum(1 for f in nodes[n].gpu_free if f >= GPU_MILLI)
+        if room >= least:
+            continue
+        evicting.add(n)
+        for u in moving_on.get(n, ()):
+            room += sum(len(p.gpu_grant) for p in u.pods if p.node_name == n)
+        if room < least:
+            either.add(n)
+    return evicting, either
 
 
 def _within_allocatable(state: ClusterState, pod: Pod, slot: NodeSlot) -> bool:
