@@ -70,7 +70,7 @@ class PlacementSettings:
     share_price_weight: float = PRICE_WEIGHT
     #: Wall-clock budget for the optimising stages of a cycle: CP-SAT placement (the greedy
     #: answer is used if time runs out), then taking back with what is left of it (at least
-    #: 0.2 s, see :data:`scheduler.solver.takeback.MIN_BUDGET_SECONDS`).
+    #: a fifth of it, see :data:`scheduler.solver.takeback.MIN_BUDGET_SHARE`).
     time_limit_seconds: float = 0.5
     #: CP-SAT worker threads (the machine has 2 cores; the event loop needs some room).
     workers: int = 2

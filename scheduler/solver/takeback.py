@@ -64,8 +64,15 @@ __all__ = ["TakeBack", "take_back"]
 
 log = structlog.get_logger(__name__)
 
-#: The least time the stage gets in a cycle, whatever placement used of the cycle's budget.
-MIN_BUDGET_SECONDS = 0.2
+#: The least part of the cycle's time limit the stage gets, whatever placement used of it
+#: (0.1 s of the default 0.5 s). The first gang is tried in any case; this is room for more.
+#: At 0.2 s it let a second gang start on the 5,000-node benchmark once the first one's model
+#: took 0.05 s, which put every such cycle 0.1 s further over its budget.
+MIN_BUDGET_SHARE = 0.2
+
+#: Below this much left of the stage's budget a gang's victims are chosen by the greedy alone
+#: (:mod:`.takeback_greedy`), without building its CP-SAT model (:mod:`.takeback_model`).
+MIN_MODEL_SECONDS = 0.05
 
 
 @dataclass
@@ -123,7 +130,7 @@ def take_back(
     updated with what this stage decides (victims released, gangs placed).
 
     ``budget``: wall seconds this stage may take, building its units included (default: the
-    settings' time limit; at least :data:`MIN_BUDGET_SECONDS`). No gang after the first is
+    settings' time limit; at least :data:`MIN_BUDGET_SHARE` of it). No gang after the first is
     started when less than half of what a gang took so far is left; the first always is,
     so a cluster whose units take longer to build than the budget still takes back.
     """
@@ -150,8 +157,9 @@ def take_back(
     # The stage's budget is wall time, all of it: what the cycle's time limit promises
     # (building the units walks every running pod: ~0.09 s of a 5,000-node cycle, which,
     # left out, made every such cycle that much longer than its budget).
+    limit = settings.time_limit_seconds
     deadline = time.perf_counter() + max(
-        MIN_BUDGET_SECONDS, settings.time_limit_seconds if budget is None else budget
+        MIN_BUDGET_SHARE * limit, limit if budget is None else budget
     )
     per_gang: list[float] = []  # seconds each gang took: a gang not worth starting is not
     gangs = snapshot.gang_by_key
@@ -233,7 +241,9 @@ def take_back(
             left / max(1, settings.take_back_gangs - tried + 1),
             settings.workers,
             index,
-            greedy_only=settings.greedy_only,
+            # Less left of the budget than a model needs: the greedy choice, as placement
+            # keeps the greedy's answer when its time runs out.
+            greedy_only=settings.greedy_only or left < MIN_MODEL_SECONDS,
         )
         per_gang.append(time.perf_counter() - gang_started)
         if found is None:

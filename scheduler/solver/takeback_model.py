@@ -105,6 +105,27 @@ def solve_gang(
         hosts.pop(n, None)
         moving_on.pop(n, None)
     hosting = hosts.keys() | moving_on.keys()
+    rooms = victim_rooms(
+        [units[i] for i in actions], actions, g, snapshot.queue_tree, book.report, book.charged
+    )
+    hint = greedy_choice(
+        snapshot,
+        g,
+        units,
+        cost,
+        actions,
+        state,
+        pdb_used,
+        rooms,
+        accepting,
+        index,
+        {n: v for n, v in hosts.items() if n not in evicting},
+    )
+    if hint is not None:
+        hint.floor = floor
+    if greedy_only:
+        return hint  # the model's nodes below are not needed
+
     # Only the first nodes of each order are taken: nsmallest is sorted(...)[:k] (the keys
     # end with the node name, so there are no ties), without sorting every victim's node.
     chosen_nodes = heapq.nsmallest(
@@ -153,27 +174,6 @@ def solve_gang(
         chosen_nodes += sorted(landing, key=lambda n: (-sum(state.nodes[n].gpu_free), n))[
             : MAX_MODEL_NODES // 4
         ]
-
-    rooms = victim_rooms(
-        [units[i] for i in actions], actions, g, snapshot.queue_tree, book.report, book.charged
-    )
-    hint = greedy_choice(
-        snapshot,
-        g,
-        units,
-        cost,
-        actions,
-        state,
-        pdb_used,
-        rooms,
-        accepting,
-        index,
-        {n: v for n, v in hosts.items() if n not in evicting},
-    )
-    if hint is not None:
-        hint.floor = floor
-    if greedy_only:
-        return hint
 
     held = {u.id: _held(state, u) for u in (*candidates, *movable)}
     # Pods to place: the gang's, and those of moved units (only if moved: by the unit's id).

@@ -508,7 +508,7 @@ def test_first_gang_is_tried_even_when_building_units_spends_the_budget(
     import scheduler.solver.takeback as takeback
     from scheduler.solver.victims import Unit, build_units
 
-    monkeypatch.setattr(takeback, "MIN_BUDGET_SECONDS", 0.0)
+    monkeypatch.setattr(takeback, "MIN_BUDGET_SHARE", 0.0)
 
     def slow_build(snapshot: Snapshot) -> list[Unit]:
         units = build_units(snapshot)
@@ -531,3 +531,29 @@ def test_first_gang_is_tried_even_when_building_units_spends_the_budget(
     assert set(evicted_gangs(p).values()) == {"preempt"}
     # The budget was spent before the first gang: no second gang was started.
     assert "hi-a2" not in placed(p)
+
+
+@pytest.mark.parametrize("least", [0.0, 100.0], ids=["time-left", "budget-spent"])
+def test_a_gang_gets_its_model_only_within_the_budget(
+    monkeypatch: pytest.MonkeyPatch, least: float
+) -> None:
+    """Past the cycle's budget a gang's victims are the greedy's choice (as placement keeps
+    the greedy's answer when time runs out); within it, its CP-SAT model decides."""
+    import scheduler.solver.takeback as takeback
+    from scheduler.solver.takeback_model import solve_gang
+
+    monkeypatch.setattr(takeback, "MIN_MODEL_SECONDS", least)
+    asked: list[bool] = []
+
+    def spy(*args: object, **kwargs: object) -> object:
+        asked.append(bool(kwargs["greedy_only"]))
+        return solve_gang(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(takeback, "solve_gang", spy)
+    queues = [make_queue("root"), make_queue("a", "root", gpu_quota=16)]
+    low = running("low", "a", [("n0", tuple(range(8)))], priority=10, started=100)
+    mid = running("mid", "a", [("n1", tuple(range(8)))], priority=40, started=9_900)
+    want = make_gang("want", 1, queue="a", gpus=8, priority=75, created=NOW - 1)
+    p = run(snap(NODES, queues, low, mid, want), CPSAT)
+    assert set(evicted_gangs(p)) == {"low"}
+    assert asked == [least > 0]
