@@ -20,7 +20,7 @@ stage makes "never worse than greedy" hold by construction; the validator still 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import cast
 
@@ -180,6 +180,7 @@ def improve(
     scorer: NodeScorer,
     settings: PlacementSettings,
     cycle: int | None,
+    place_skipped: Callable[[], GreedyResult] | None = None,
 ) -> tuple[CpResult | None, list[PodAssignment] | None, str]:
     """(first stage's result, improved assignments or None, status).
 
@@ -188,6 +189,12 @@ def improve(
 
     ``state`` has greedy's placement applied on entry; on return it holds the returned
     assignments, or greedy's placement again when None is returned.
+
+    ``place_skipped``: given when the greedy did not place the frontier tier (proven short,
+    :func:`.frontier.surely_short`); it places the greedy's answer for that tier onto
+    ``state`` (holding the greedy's placement) and returns the greedy's whole answer. It is
+    called only when that answer is needed: there is no guided answer, or the guided answer
+    does not reach the relaxation's bound (then it is compared with the greedy's as always).
     """
     deadline = time.perf_counter() + settings.time_limit_seconds
     spread = settings.gpu_strategy == "spread"
@@ -238,9 +245,10 @@ def improve(
         # needed to bound it), and this stage is about quality alone.
         else Relaxation(admission_value(model_gangs, admitted, problem.report, {}), [])
     )
+    top_keys = {g.key for g in top}
     greedy_list = greedy.assignments
     base_placed: Mapping[str, Sequence[PodAssignment]] = greedy.placed
-    base_admitted = admitted & {g.key for g in top}
+    base_admitted = admitted & top_keys
     released = guided_better = False
     # What ``state`` holds of this stage's and lower tiers' gangs: greedy's placement, then
     # nothing once released, or the guided answer when it is kept (it stays applied: taking
@@ -264,7 +272,24 @@ def improve(
                 cycle=cycle,
             )
             now = set(guided.placed)
-            if fixed <= now and admission_value(model_gangs, now, problem.report, {}) > value:
+            guided_value = admission_value(model_gangs, now, problem.report, {})
+            if place_skipped is not None and not (fixed <= now and guided_value >= relaxed.bound):
+                # Not proven best: the greedy's answer for the tier it skipped is placed now,
+                # under the guided one, to compare (the guided answer is put back after).
+                for a in reversed(guided.assignments):
+                    state.release(a.pod_uid)
+                for a in greedy_list:
+                    state.apply(a)
+                greedy, place_skipped = place_skipped(), None
+                greedy_list = greedy.assignments
+                admitted = {g.key for g in gangs if g.key in greedy.placed}
+                base_placed, base_admitted = greedy.placed, admitted & top_keys
+                value = admission_value(model_gangs, base_admitted, problem.report, {})
+                for a in reversed(greedy_list):
+                    state.release(a.pod_uid)
+                for a in guided.assignments:
+                    state.apply(a)
+            if fixed <= now and guided_value > value:
                 base_placed, base_admitted, guided_better = guided.placed, now, True
                 on_state = guided.assignments
             else:
@@ -276,11 +301,18 @@ def improve(
                 cycle=cycle,
                 better=guided_better,
                 greedy=value,
-                guided=admission_value(model_gangs, now, problem.report, {}),
+                guided=guided_value,
                 bound=relaxed.bound,
                 chosen=len(relaxed.admitted),
                 placed=len(now),
             )
+
+    if place_skipped is not None and not guided_better:
+        # No guided answer (no usable relaxation): the greedy's own for the skipped tier.
+        greedy, place_skipped = place_skipped(), None
+        greedy_list = on_state = greedy.assignments
+        admitted = {g.key for g in gangs if g.key in greedy.placed}
+        base_placed, base_admitted = greedy.placed, admitted & top_keys
 
     hint = _hint(state, base_placed, top)
     classes = model_classes(initial, set(hint), settings.max_model_classes)
@@ -326,7 +358,13 @@ def improve(
             scale=scale,
         )
     if first is not None and guided_better:
-        first.baseline_objective = value_of(greedy.placed, quality=quality, held=on_state)
+        # 0 when the greedy never placed this stage (its tier was skipped as proven short
+        # and the guided answer reached the bound): there is no plain answer to measure.
+        first.baseline_objective = (
+            0
+            if place_skipped is not None
+            else value_of(greedy.placed, quality=quality, held=on_state)
+        )
     first_better = first is not None and first.usable and first.objective > first.greedy_objective
     lower_failed = settings.lower_tier_stages and any(g.key not in admitted for g in lower)
     if not first_better and not lower_failed and not guided_better:

@@ -199,6 +199,8 @@ class Placement:
     #: the ones the CP-SAT model can express. Same integer scale for all three
     #: (:class:`scheduler.solver.cpsat.Scale`); the bound comes from a relaxation of the
     #: real problem (:mod:`scheduler.solver.bound`); 0 when no bound is known.
+    #: ``greedy_objective`` is 0 when the greedy did not place that stage (its tier was
+    #: proven short and the guided answer reached the bound, see :mod:`.frontier`).
     objective: int = 0
     greedy_objective: int = 0
     best_bound: int = 0

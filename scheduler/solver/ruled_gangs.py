@@ -7,7 +7,7 @@ counts pods per node class and cannot see domains. Used by :func:`.solve.solve`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
@@ -212,9 +212,11 @@ def improve_around(
     scorer: NodeScorer,
     settings: PlacementSettings,
     cycle: int | None,
+    place_skipped: Callable[[], GreedyResult] | None = None,
 ) -> tuple[CpResult | None, list[PodAssignment] | None, str]:
     """:func:`~.hybrid.improve` for the gangs without topology rules, around the greedy's
     placement of the ``ruled`` ones (kept as placed, first in the returned order).
+    ``place_skipped``: as :func:`~.hybrid.improve` takes it (only without ruled gangs).
 
     The CP-SAT model counts pods per node class and cannot see which pods run in which
     domain, so gangs whose placement depends on that (:attr:`TopologyGangs.left_to_greedy`)
@@ -222,7 +224,9 @@ def improve_around(
     so moving them cannot break one.
     """
     if not ruled:
-        return improve(snapshot, problem, state, initial, greedy, scorer, settings, cycle)
+        return improve(
+            snapshot, problem, state, initial, greedy, scorer, settings, cycle, place_skipped
+        )
     pinned = [a for key, pods in greedy.placed.items() if key in ruled for a in pods]
     rest = GreedyResult(
         {k: v for k, v in greedy.placed.items() if k not in ruled},

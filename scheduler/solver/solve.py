@@ -227,6 +227,10 @@ def _solve(
     # Gangs of the tiers below the greedy's frontier, not placed yet (see .frontier); the
     # book holds the queue charges of what the greedy placed before them.
     rest: list[GangRequest] = []
+    # The tier the greedy did not place at all, proven short (a prefix of ``rest``), and
+    # whether the greedy's pass stopped before its end (then its answer must be finished).
+    skipped: list[GangRequest] = []
+    stopped = False
     book = QueueBook(snapshot.queue_tree, report)
 
     hold: ShareHold | None = None
@@ -261,9 +265,10 @@ def _solve(
                 and not (topology.ruled or topology.left_to_greedy or with_claims)
                 and not any(g.restoring for g in problem.order)
             ):
-                greedy, rest = place_to_frontier(
+                greedy, rest, skipped = place_to_frontier(
                     state, problem.order, scorer, shared, book, spread_devices=spread, cycle=cycle
                 )
+                stopped = bool(rest)
             else:
                 greedy = run_greedy(state, scorer, index=shared)
             if not settings.greedy_only:
@@ -286,7 +291,7 @@ def _solve(
         # A pluggable scorer (fragmentation) that trips on unusual input must not stop
         # scheduling: this cycle places with binpack/spread instead, on a fresh state.
         log.exception("scorer_failed", cycle=cycle, scorer=type(scorer).__name__)
-        scorer, hold, rest = packing, None, []
+        scorer, hold, rest, skipped, stopped = packing, None, [], [], False
         state = ClusterState.from_snapshot(snapshot, label_keys=label_keys)
         initial = current_classes(state)
         greedy = run_greedy(state, scorer)
@@ -316,10 +321,35 @@ def _solve(
         free_problem = Problem(
             snapshot, report, problem.pending, [g for g in problem.order if g.key not in ruled]
         )
+
+    def place_skipped() -> GreedyResult:
+        """The greedy's answer for the tier it skipped, placed now as the pass would have
+        placed it (onto ``state``, which holds the greedy's answer above it); the greedy's
+        answer so far."""
+        nonlocal greedy, rest, skipped
+        part = run_greedy_on(state, skipped)
+        greedy = GreedyResult({**greedy.placed, **part.placed}, {**greedy.failed, **part.failed})
+        rest, skipped = rest[len(skipped) :], []
+        return greedy
+
+    def run_greedy_on(state: ClusterState, gangs: Sequence[GangRequest]) -> GreedyResult:
+        return place_gangs(
+            state, gangs, scorer, book=book, extras=False, spread_devices=spread, cycle=cycle
+        )
+
     if not settings.greedy_only:
         try:
             cp, cp_assignments, engine = improve_around(
-                snapshot, free_problem, ruled, state, initial, greedy, scorer, settings, cycle
+                snapshot,
+                free_problem,
+                ruled,
+                state,
+                initial,
+                greedy,
+                scorer,
+                settings,
+                cycle,
+                place_skipped if skipped else None,
             )
         except Exception:  # CP-SAT is an improvement; its failure must not cost the cycle
             log.exception("cpsat_failed", cycle=cycle)
@@ -338,7 +368,7 @@ def _solve(
     status = SolveStatus.EMPTY
     all_violations: list[str] = []
     for engine, found in candidates:
-        if found is greedy_list and rest and on_state is not None:
+        if found is greedy_list and stopped and on_state is not None:
             # The greedy's answer is wanted (the model stage kept it, failed, or was refused)
             # and it stopped at its frontier: the tiers below are placed now, as the pass
             # would have placed them, from its own placement.
@@ -347,7 +377,7 @@ def _solve(
                     state, greedy, rest, problem.order, scorer, book, spread_devices=spread,
                     cycle=cycle,
                 )  # fmt: skip
-                rest = []
+                rest, skipped, stopped = [], [], False
                 found = greedy_list = on_state = greedy.assignments
             else:
                 on_state = None

@@ -13,13 +13,20 @@ from scheduler.cluster import Snapshot
 from scheduler.fairness import compute_fair_shares
 from scheduler.plugins.packing import PackingScorer
 from scheduler.solver import PlacementSettings, SolveStatus, solve, validate
-from scheduler.solver.frontier import finish_greedy, place_to_frontier, priority_tiers
+from scheduler.solver.frontier import (
+    finish_greedy,
+    place_to_frontier,
+    priority_tiers,
+    surely_short,
+)
 from scheduler.solver.greedy import ClassIndex, GangRequest, GreedyResult, place_gangs
 from scheduler.solver.problem import build_problem
 from scheduler.solver.queues import QueueBook
 from scheduler.solver.state import ClusterState
 
 solve_module = importlib.import_module("scheduler.solver.solve")
+hybrid_module = importlib.import_module("scheduler.solver.hybrid")
+ruled_module = importlib.import_module("scheduler.solver.ruled_gangs")
 
 QUEUES = (make_queue("root"), make_queue("a", "root", gpu_quota=8), make_queue("b", "root"))
 
@@ -51,15 +58,19 @@ def _greedy_parts(snap: Snapshot) -> tuple[ClusterState, Any, QueueBook, Packing
 
 
 def _to_frontier(
-    snap: Snapshot,
+    snap: Snapshot, *, skip_short: bool = False
 ) -> tuple[ClusterState, Any, QueueBook, PackingScorer, GreedyResult, list[GangRequest]]:
-    """:func:`place_to_frontier` over the snapshot's order, with its state and book."""
+    """:func:`place_to_frontier` over the snapshot's order, with its state and book (by
+    default placing every tier it reaches, as when no tier is proven short)."""
     state, problem, book, scorer = _greedy_parts(snap)
     index = ClassIndex(state, scorer)
     try:
-        greedy, rest = place_to_frontier(state, problem.order, scorer, index, book)
+        greedy, rest, skipped = place_to_frontier(
+            state, problem.order, scorer, index, book, skip_short=skip_short
+        )
     finally:
         index.close()
+    assert skipped == rest[: len(skipped)]
     return state, problem, book, scorer, greedy, rest
 
 
@@ -137,3 +148,100 @@ def test_a_refused_model_answer_falls_back_to_the_whole_greedy_pass(
     assert placement.status == SolveStatus.GREEDY
     assert len(placement.assignments) == 16 and calls[-1] == 16
     assert not real(snap, list(placement.assignments))
+
+
+# --- a tier proven short is left to the model stage -------------------------------------------
+
+
+def test_surely_short_counts_whole_devices_on_nodes_with_room_for_them() -> None:
+    def short(*asks: tuple[int, int]) -> bool:
+        gangs = [make_gang(f"g{i}", n, queue="a", gpus=k) for i, (n, k) in enumerate(asks)]
+        nodes = (make_node("n0", gpus=8), make_node("n1", gpus=8))
+        snap = Snapshot(
+            nodes, tuple(p for _, ps in gangs for p in ps), tuple(g for g, _ in gangs), QUEUES
+        )
+        tier = build_problem(snap, compute_fair_shares(snap)).order
+        return surely_short(ClusterState.from_snapshot(snap), tier)
+
+    assert not short((2, 8))  # two 8-GPU pods: one per node
+    assert short((3, 8))  # a third has no node
+    assert not short((4, 4))  # four 4-GPU pods fill both nodes
+    assert short((4, 4), (1, 1))  # and a one-GPU pod more has no device
+    assert not short((1, 8), (8, 1))  # one node whole, the other shared out by GPUs
+    assert short((1, 8), (9, 1))
+
+
+def test_a_tier_proven_short_is_not_placed_by_the_greedy() -> None:
+    snap = _snapshot(20)  # 22 GPUs asked of 16 by the top tier
+    state, _, book, _, greedy, rest = _to_frontier(snap, skip_short=True)
+    assert greedy.placed == {} and greedy.failed == {}
+    assert [g.key for g in rest][:2] == ["default/big", "default/small"] and len(rest) == 5
+    assert not state.placed and not book.charged.get("a", {}).get("gpu")
+
+
+def _solve_both(
+    monkeypatch: pytest.MonkeyPatch, settings: PlacementSettings
+) -> tuple[Any, Any, list[int]]:
+    """The same cycle with the short tier skipped by the greedy, then not; and how often the
+    greedy's answer for the skipped tier was asked for."""
+    snap = _snapshot(20, extras=2)
+    frontier = importlib.import_module("scheduler.solver.frontier")
+    asked: list[int] = []
+    real_improve = hybrid_module.improve
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        place = args[8] if len(args) > 8 else kw.get("place_skipped")
+        if place is not None:
+
+            def counted() -> Any:
+                asked.append(1)
+                return place()
+
+            args = (*args[:8], counted)
+        return real_improve(*args, **kw)
+
+    monkeypatch.setattr(ruled_module, "improve", spy)
+    skipping = solve(snap, settings)
+    monkeypatch.setattr(frontier, "surely_short", lambda state, tier: False)
+    placing = solve(snap, settings)
+    return skipping, placing, asked
+
+
+def _by_pod(placement: Any) -> list[Any]:
+    return sorted(placement.assignments, key=lambda a: a.pod_uid)
+
+
+def _placed(placement: Any) -> set[str]:
+    return {k for k, o in placement.outcomes.items() if o.placed}
+
+
+def test_a_skipped_tier_is_placed_by_the_guided_pass_when_it_reaches_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    skipping, placing, asked = _solve_both(monkeypatch, PlacementSettings(take_back=False))
+    assert asked == []  # the guided answer is the best there is: no greedy pass for it
+    assert _placed(skipping) == _placed(placing)
+    assert len(skipping.assignments) == len(placing.assignments) == 16
+    assert 0 < skipping.objective <= skipping.best_bound
+    assert skipping.greedy_objective == 0  # never measured: the greedy did not place it
+
+
+def test_a_skipped_tier_gets_the_greedys_answer_when_the_guided_one_is_not_proven(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A guided pass that places nothing: it must be compared with the greedy's answer, which
+    # is then placed (once), and the cycle is the cycle without skipping.
+    monkeypatch.setattr(hybrid_module, "place_guided", lambda *a, **kw: GreedyResult())
+    skipping, placing, asked = _solve_both(monkeypatch, PlacementSettings(take_back=False))
+    assert asked == [1]
+    assert _by_pod(skipping) == _by_pod(placing)
+    assert skipping.greedy_objective == placing.greedy_objective > 0
+
+
+def test_a_skipped_tier_gets_the_greedys_answer_without_a_relaxation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(hybrid_module, "admission_bound", lambda **kw: None)
+    skipping, placing, asked = _solve_both(monkeypatch, PlacementSettings(take_back=False))
+    assert asked == [1]
+    assert _by_pod(skipping) == _by_pod(placing)
