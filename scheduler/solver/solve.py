@@ -86,7 +86,7 @@ from scheduler.solver.ruled_gangs import (
 )
 from scheduler.solver.state import ClusterState, selected_label_keys
 from scheduler.solver.takeback import TakeBack, take_back
-from scheduler.solver.validate import validate
+from scheduler.solver.validate import forget_passed, validate
 from scheduler.solver.validate_evictions import validate_evictions
 
 __all__ = ["solve", "solve_in_thread", "topology_gangs"]
@@ -327,15 +327,12 @@ def _solve(
         placed it (onto ``state``, which holds the greedy's answer above it); the greedy's
         answer so far."""
         nonlocal greedy, rest, skipped
-        part = run_greedy_on(state, skipped)
+        part = place_gangs(
+            state, skipped, scorer, book=book, extras=False, spread_devices=spread, cycle=cycle
+        )
         greedy = GreedyResult({**greedy.placed, **part.placed}, {**greedy.failed, **part.failed})
         rest, skipped = rest[len(skipped) :], []
         return greedy
-
-    def run_greedy_on(state: ClusterState, gangs: Sequence[GangRequest]) -> GreedyResult:
-        return place_gangs(
-            state, gangs, scorer, book=book, extras=False, spread_devices=spread, cycle=cycle
-        )
 
     if not settings.greedy_only:
         try:
@@ -413,6 +410,7 @@ def _solve(
         )
         taken = backed or TakeBack()
         in_step = backed is not None
+    forget_passed()  # the last validation of this cycle is done
     lap("take_back")
     explain_started = time.perf_counter()
     final = [*assignments, *taken.assignments]

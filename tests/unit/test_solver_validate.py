@@ -133,3 +133,19 @@ def test_extending_a_passed_placement_checks_what_the_extension_changes() -> Non
     # The same answers as the full pass (copies of the first list: not the passed call's).
     copies = [replace(a) for a in first]
     assert got == validate(s, [*copies, *more], checked=1)
+
+
+def test_a_solve_leaves_nothing_of_its_validation_behind() -> None:
+    """What a call that passed remembers for the next (its totals hold every placed pod) is
+    dropped when the solve is done, not kept alive into the next cycle."""
+    import importlib
+
+    from scheduler.solver import PlacementSettings, solve
+
+    module = importlib.import_module("scheduler.solver.validate")
+    s = snap(make_gang("g", 1, queue="a", gpus=1))
+    assert validate(s, [assign("g-0", "n0", ((0, 1000),))]) == []
+    assert module._last_passed is not None  # remembered between the calls of a cycle
+    placement = solve(s, PlacementSettings(greedy_only=True))
+    assert placement.assignments and not placement.violations
+    assert module._last_passed is None
