@@ -300,7 +300,7 @@ def improve(
                 "guided",
                 cycle=cycle,
                 better=guided_better,
-                greedy=value,
+                greedy=value if place_skipped is None else None,  # None: not placed
                 guided=guided_value,
                 bound=relaxed.bound,
                 chosen=len(relaxed.admitted),

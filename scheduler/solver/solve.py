@@ -3,9 +3,9 @@
 Pipeline: fair shares and admission order (:mod:`scheduler.fairness`) -> pending gangs split
 into required pods and extras (:mod:`.problem`) -> :class:`~.state.ClusterState` (node
 equivalence classes) -> greedy in admission order (:mod:`.greedy`; up to the first priority
-tier that leaves a gang out, :mod:`.frontier`) -> relaxation bound and
-relaxation-guided greedy, then CP-SAT on the aggregated model, stage by priority tier
-(:mod:`.hybrid`, :mod:`.bound`, :mod:`.guided`, :mod:`.cpsat`) -> the better answer ->
+tier that leaves a gang out, or before a tier proven short, :mod:`.frontier`) -> relaxation
+bound and relaxation-guided greedy, then CP-SAT on the aggregated model, stage by priority
+tier (:mod:`.hybrid`, :mod:`.bound`, :mod:`.guided`, :mod:`.cpsat`) -> the better answer ->
 :func:`~.validate.validate` (fall back to greedy, then to nothing) ->
 :func:`scheduler.explain.explain_unplaced` for every gang left waiting (:mod:`.outcomes`), fed
 with the node classes the solver already has (no second pass over nodes and pods). Gangs whose
