@@ -71,9 +71,6 @@ def solve_gang(
     ``g`` fits: CP-SAT's answer when it costs no more than the greedy choice it is hinted
     with, else the greedy choice (alone with ``greedy_only``); None when neither is found.
     Its ``floor`` is the GPU thousandths any plan must evict for ``g``."""
-    # Deferred, as in scheduler.solver.cpsat: OR-Tools is the largest import of the process.
-    from ortools.sat.python import cp_model
-
     shapes = _group(g.required)
     reps = [pods[0] for pods in shapes.values()]
     # Nodes: those that accept some pod of the gang and have room or host a candidate.
@@ -125,6 +122,9 @@ def solve_gang(
         hint.floor = floor
     if greedy_only:
         return hint  # the model's nodes below are not needed
+    # Deferred, as in scheduler.solver.cpsat: OR-Tools is the largest import of the process
+    # (a stage that only takes the greedy's choice never needs it).
+    from ortools.sat.python import cp_model
 
     # Only the first nodes of each order are taken: nsmallest is sorted(...)[:k] (the keys
     # end with the node name, so there are no ties), without sorting every victim's node.

@@ -284,14 +284,18 @@ def test_fewest_gpus_evicted_when_several_choices_are_valid(settings: PlacementS
     assert p.min_evicted_gpu_milli == 2000
 
 
-@BOTH
-def test_lower_priority_victims_go_first(settings: PlacementSettings) -> None:
+def low_and_mid(settings: PlacementSettings) -> Placement:
+    """Two whole nodes held by gangs of priority 10 and 40; a pending 8-GPU gang of 75."""
     queues = [make_queue("root"), make_queue("a", "root", gpu_quota=16)]
     low = running("low", "a", [("n0", tuple(range(8)))], priority=10, started=100)
     mid = running("mid", "a", [("n1", tuple(range(8)))], priority=40, started=9_900)
     want = make_gang("want", 1, queue="a", gpus=8, priority=75, created=NOW - 1)
-    p = run(snap(NODES, queues, low, mid, want), settings)
-    assert set(evicted_gangs(p)) == {"low"}
+    return run(snap(NODES, queues, low, mid, want), settings)
+
+
+@BOTH
+def test_lower_priority_victims_go_first(settings: PlacementSettings) -> None:
+    assert set(evicted_gangs(low_and_mid(settings))) == {"low"}
 
 
 @BOTH
@@ -550,10 +554,5 @@ def test_a_gang_gets_its_model_only_within_the_budget(
         return solve_gang(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(takeback, "solve_gang", spy)
-    queues = [make_queue("root"), make_queue("a", "root", gpu_quota=16)]
-    low = running("low", "a", [("n0", tuple(range(8)))], priority=10, started=100)
-    mid = running("mid", "a", [("n1", tuple(range(8)))], priority=40, started=9_900)
-    want = make_gang("want", 1, queue="a", gpus=8, priority=75, created=NOW - 1)
-    p = run(snap(NODES, queues, low, mid, want), CPSAT)
-    assert set(evicted_gangs(p)) == {"low"}
+    assert set(evicted_gangs(low_and_mid(CPSAT))) == {"low"}
     assert asked == [least > 0]
