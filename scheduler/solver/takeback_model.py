@@ -394,7 +394,10 @@ def _cannot_host(
     part of the node came first (least cost per GPU freed): in the model they took the
     places of nodes that could be freed whole, and the greedy spent its units on them, so a
     gang of whole-node pods found no plan on a cluster with a thousand freeable nodes."""
-    least = min((p.gpu.count for p in g.required if p.gpu is not None and p.gpu.whole), default=0)
+    # A pod without whole devices (CPU only, a share) may go to any node: no node is ruled out.
+    least = min(
+        (p.gpu.count if p.gpu is not None and p.gpu.whole else 0 for p in g.required), default=0
+    )
     if not least:
         return set(), set()
     evicting: set[str] = set()

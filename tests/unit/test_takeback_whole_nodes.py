@@ -68,3 +68,25 @@ def test_nodes_that_cannot_be_freed_whole_do_not_crowd_out_those_that_can(
     p = run(snap(nodes, queues, *groups, want), settings)
     assert set(evicted_gangs(p)) == {"dear0", "dear1"}
     assert "want" in placed(p)
+
+
+def test_a_gang_with_a_pod_without_devices_rules_no_node_out() -> None:
+    # The partial node p0 cannot take the 8-GPU pod, but the gang's CPU-only pod may go
+    # there: only a gang whose every pod needs whole devices leaves such nodes out.
+    from scheduler.fairness import compute_fair_shares
+    from scheduler.solver.problem import build_problem
+    from scheduler.solver.state import ClusterState
+    from scheduler.solver.takeback_model import _cannot_host
+
+    queues = [make_queue("root"), make_queue("a", "root", gpu_quota=64)]
+    cheap = running("cheap", "a", [("p0", (0, 1, 2, 3))], priority=10, started=100)
+    kept = running("kept", "a", [("p0", (4, 5, 6, 7))], priority=100, started=100)
+    gpu_gang, gpu_pods = make_gang("gpu", 1, queue="a", gpus=8, priority=75, created=NOW - 2)
+    cpu_gang, cpu_pods = make_gang("cpu", 1, queue="a", gpus=0, priority=75, created=NOW - 1)
+    mixed = (replace(cpu_gang, min_member=2), [*cpu_pods, replace(gpu_pods[0], gang=cpu_gang.key)])
+    hosts = {"p0": (1, 1, 4)}  # one candidate, holding four devices
+    for group, ruled_out in (((gpu_gang, gpu_pods), {"p0"}), (mixed, set())):
+        s = snap([make_node("p0")], queues, cheap, kept, group)
+        g = build_problem(s, compute_fair_shares(s)).order[0]
+        evicting, either = _cannot_host(g, ClusterState.from_snapshot(s), hosts, {})
+        assert evicting == either == ruled_out
