@@ -141,11 +141,13 @@ class _ToScore:
 
 @dataclass
 class _ShapeHeap:
+    """One pod shape's ranking; classes are named by their :class:`ClassIndex` id."""
+
     pod: Pod
     id: int
-    heap: list[tuple[float, int, ClassKey]] = field(default_factory=list)
-    in_heap: set[ClassKey] = field(default_factory=set)
-    scores: dict[ClassKey, float | None] = field(default_factory=dict)
+    heap: list[tuple[float, int, int]] = field(default_factory=list)
+    in_heap: set[int] = field(default_factory=set)
+    scores: dict[int, float | None] = field(default_factory=dict)
     cursor: int = 0
 
 
@@ -162,11 +164,19 @@ class ClassIndex:
         self.batch = scorer if isinstance(scorer, BatchScorer) else None
         self._scores: dict[object, float | None] = {}
         self.spread = spread_devices
-        #: every key that became non-empty, in order (append-only; shapes keep a cursor)
-        self.events: list[ClassKey] = list(state.classes)
-        self._unsubscribe = state.subscribe(self.events.append)
+        # Classes by a small int id of this index: every shape asks its sets and maps about
+        # every new class, and a class key (a tuple of a node's free resources and devices)
+        # is hashed anew each time (about 4 % of a 5,000-node cycle, before ids).
+        self._ids: dict[ClassKey, int] = {}
+        self._keys: list[ClassKey] = []
+        #: ids of every class that became non-empty, in order (append-only; shapes keep a
+        #: cursor)
+        self.events: list[int] = []
+        for key in state.classes:
+            self._event(key)
+        self._unsubscribe = state.subscribe(self._event)
         self.shapes: dict[ShapeKey, _ShapeHeap] = {}
-        self._seq: dict[ClassKey, int] = {}
+        self._seq: dict[int, int] = {}
         self._accepts: dict[tuple[object, int], bool] = {}
         #: whether the last :meth:`best` found room that only the topology check refused
         self.refused_by_rules = False
@@ -175,6 +185,14 @@ class ClassIndex:
         self.holder = scorer if isinstance(scorer, HoldsShares) else None
         #: why the last :meth:`best` passed over room (the strand guard's reason), if it did
         self.held_reason: str | None = None
+
+    def _event(self, key: ClassKey) -> None:
+        """Class ``key`` gained its first member."""
+        i = self._ids.get(key)
+        if i is None:
+            i = self._ids[key] = len(self._keys)
+            self._keys.append(key)
+        self.events.append(i)
 
     def close(self) -> None:
         """Stop following the state."""
@@ -186,7 +204,9 @@ class ClassIndex:
         self._scores.clear()
         self.shapes.clear()
         self._seq.clear()
-        self.events[:] = list(self.state.classes)  # same list: the subscription appends to it
+        self.events.clear()
+        for key in self.state.classes:
+            self._event(key)
 
     def grant(self, pod: Pod, demand: PodDemand, node: str) -> tuple[tuple[int, int], ...] | None:
         """Devices for ``pod`` on ``node`` (picker of the scorer, else the default packer)."""
@@ -286,38 +306,39 @@ class ClassIndex:
         sh = self.shapes.get(skey)
         if sh is None:
             sh = self.shapes[skey] = _ShapeHeap(pod, len(self.shapes))
-        events = self.events
+        events, keys = self.events, self._keys
+        classes = self.state.classes
         # New events in order; the classes never scored for this shape are scored together.
-        order: list[ClassKey] = []
-        fresh: list[ClassKey] = []
-        taken: set[ClassKey] = set()
-        while sh.cursor < len(events):
-            key = events[sh.cursor]
-            sh.cursor += 1
-            if key in sh.in_heap or key in taken:
+        order: list[int] = []
+        fresh: list[int] = []
+        taken: set[int] = set()
+        in_heap, scores = sh.in_heap, sh.scores
+        for i in events[sh.cursor :]:
+            if i in in_heap or i in taken:
                 continue
-            if key not in sh.scores:
-                if key not in self.state.classes:
+            if i not in scores:
+                if keys[i] not in classes:
                     # Empty again by now: nothing to score. Caching "None" here would hide
                     # the class for good; it comes back as a new event when it regains a
                     # member.
                     continue
-                fresh.append(key)
-            taken.add(key)
-            order.append(key)
+                fresh.append(i)
+            taken.add(i)
+            order.append(i)
+        sh.cursor = len(events)
         if fresh:
-            for key, value in zip(fresh, self._evaluate_many(sh.pod, sh.id, fresh), strict=True):
-                sh.scores[key] = value
-        for key in order:
-            score = sh.scores[key]
+            found = self._evaluate_many(sh.pod, sh.id, [keys[i] for i in fresh])
+            for i, value in zip(fresh, found, strict=True):
+                scores[i] = value
+        for i in order:
+            score = scores[i]
             if score is not None:
-                seq = self._seq.setdefault(key, len(self._seq))
-                heapq.heappush(sh.heap, (score, seq, key))
-                sh.in_heap.add(key)
-        classes = self.state.classes
+                seq = self._seq.setdefault(i, len(self._seq))
+                heapq.heappush(sh.heap, (score, seq, i))
+                in_heap.add(i)
         heap = sh.heap
-        refused: list[tuple[float, int, ClassKey]] = []
-        held: list[tuple[float, int, ClassKey]] = []
+        refused: list[tuple[float, int, int]] = []
+        held: list[tuple[float, int, int]] = []
         guarded = self.holder is not None and _may_strand(pod) and self.holder.may_hold(pod)
         asked: dict[tuple[str | None, int], str | None] = {}
         self.held_reason = None
@@ -325,7 +346,7 @@ class ClassIndex:
         points: list[float | None] = []  # their kube-scheduler resource scores, if any
         try:
             while heap:
-                key = heap[0][2]
+                key = keys[heap[0][2]]
                 members = classes.get(key)
                 if members:
                     if guarded and key[2] and key[2][-1] >= GPU_MILLI:
@@ -350,8 +371,7 @@ class ClassIndex:
                         return node
                     refused.append(heapq.heappop(heap))
                     continue
-                heapq.heappop(heap)
-                sh.in_heap.discard(key)
+                sh.in_heap.discard(heapq.heappop(heap)[2])
             return preferred(seen, prefer, points) if prefer is not None else None
         finally:
             for entry in (*refused, *held):  # for this pod only: the class stays ranked
