@@ -32,16 +32,29 @@ def child(args: argparse.Namespace) -> None:
 
     from scheduler.bench.synthetic import ClusterSpec, synthetic_snapshot
     from scheduler.solver import PlacementSettings, solve
-    from scheduler.solver.warm import warm_up
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    settings = PlacementSettings(take_back=not args.no_take_back)
-    warm_up(settings)
+    # Trees from before taking back (2026-11-29, the code the solver target was set on) have
+    # neither its setting nor warm_up: a small solve warms them up as warm_up does.
+    try:
+        settings = PlacementSettings(take_back=not args.no_take_back)
+    except TypeError:  # a tree that never takes back
+        settings = PlacementSettings()
+    try:
+        from scheduler.solver.warm import warm_up
+
+        warm_up(settings)
+    except ImportError:
+        solve(synthetic_snapshot(ClusterSpec(nodes=50, gangs=20, seed=10_000)), settings)
     priorities = (50, 50, 50, 100)
     print("ready", flush=True)
     for line in sys.stdin:
         k = int(line)
-        spec = ClusterSpec(args.nodes, 8, args.gangs, 0.7, 1 + k, 0, priorities, 0.0, 0.0)
+        # By name: older trees' ClusterSpec ends at ``priorities`` (the same snapshots).
+        spec = ClusterSpec(
+            nodes=args.nodes, gpus_per_node=8, gangs=args.gangs, fill=0.7, seed=1 + k,
+            jitter=0, priorities=priorities,
+        )  # fmt: skip
         snapshot = synthetic_snapshot(spec)
         print("built", flush=True)
         sys.stdin.readline()
