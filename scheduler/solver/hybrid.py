@@ -280,10 +280,8 @@ def improve(
                     state.release(a.pod_uid)
                 for a in greedy_list:
                     state.apply(a)
-                greedy, place_skipped = place_skipped(), None
-                greedy_list = greedy.assignments
-                admitted = {g.key for g in gangs if g.key in greedy.placed}
-                base_placed, base_admitted = greedy.placed, admitted & top_keys
+                greedy, greedy_list, admitted = _with_skipped(place_skipped, gangs)
+                base_placed, base_admitted, place_skipped = greedy.placed, admitted & top_keys, None
                 value = admission_value(model_gangs, base_admitted, problem.report, {})
                 for a in reversed(greedy_list):
                     state.release(a.pod_uid)
@@ -309,10 +307,9 @@ def improve(
 
     if place_skipped is not None and not guided_better:
         # No guided answer (no usable relaxation): the greedy's own for the skipped tier.
-        greedy, place_skipped = place_skipped(), None
-        greedy_list = on_state = greedy.assignments
-        admitted = {g.key for g in gangs if g.key in greedy.placed}
-        base_placed, base_admitted = greedy.placed, admitted & top_keys
+        greedy, greedy_list, admitted = _with_skipped(place_skipped, gangs)
+        base_placed, base_admitted, place_skipped = greedy.placed, admitted & top_keys, None
+        on_state = greedy_list
 
     hint = _hint(state, base_placed, top)
     classes = model_classes(initial, set(hint), settings.max_model_classes)
@@ -503,6 +500,15 @@ def _quality_only_worse(
     hint = quality_change(state, top, base_placed, quality, applied)
     log.debug("quality_checked", model=model, hint=hint)
     return model >= hint
+
+
+def _with_skipped(
+    place_skipped: Callable[[], GreedyResult], gangs: Sequence[GangRequest]
+) -> tuple[GreedyResult, list[PodAssignment], set[str]]:
+    """The greedy's answer once it placed the tier it skipped (see :func:`improve`): the
+    result, its assignments and the gangs of ``gangs`` it admits."""
+    greedy = place_skipped()
+    return greedy, greedy.assignments, {g.key for g in gangs if g.key in greedy.placed}
 
 
 def _place_again(
