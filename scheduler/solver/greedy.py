@@ -185,6 +185,9 @@ class ClassIndex:
         self.holder = scorer if isinstance(scorer, HoldsShares) else None
         #: why the last :meth:`best` passed over room (the strand guard's reason), if it did
         self.held_reason: str | None = None
+        #: the pod the last :meth:`best` ranked classes with: its shape's first pod, which
+        #: takes what that pod does from every node (:func:`fit_key`)
+        self.ranked_with: Pod | None = None
 
     def _event(self, key: ClassKey) -> None:
         """Class ``key`` gained its first member."""
@@ -306,6 +309,7 @@ class ClassIndex:
         sh = self.shapes.get(skey)
         if sh is None:
             sh = self.shapes[skey] = _ShapeHeap(pod, len(self.shapes))
+        self.ranked_with = sh.pod
         events, keys = self.events, self._keys
         classes = self.state.classes
         # New events in order; the classes never scored for this shape are scored together.
@@ -450,13 +454,17 @@ def _place_pod(index: ClassIndex, pod: Pod, gang: str) -> PodAssignment | None:
     node = index.best(pod, accept, prefer)
     if node is None:
         return None
-    demand = state.demand_on(pod, state.nodes[node])
+    # The pod the shape was ranked with takes the same from every node (equal requests and
+    # GPU ask; DRA aside), and its demand on this node's traits is known already: a pod's
+    # own was computed here (about 5 us), then looked up again by apply.
+    ranked = index.ranked_with if state.dra is None and index.ranked_with is not None else pod
+    demand = state.demand_on(ranked, state.nodes[node])
     grant = index.grant(pod, demand, node) if demand is not None else None
     claims = state.claim_grants(pod, node)
     if demand is None or grant is None or claims is None:
         return None
     assignment = PodAssignment(pod.uid, pod.key, gang, node, grant, claims)
-    state.apply(assignment, pod)
+    state.apply(assignment, pod, demand)
     return assignment
 
 

@@ -403,11 +403,14 @@ class ClusterState:
             return PodDemand(requests)
         return PodDemand(requests, demand.gpu_count, demand.gpu_milli)
 
-    def apply(self, assignment: PodAssignment, pod: Pod | None = None) -> None:
+    def apply(
+        self, assignment: PodAssignment, pod: Pod | None = None, demand: PodDemand | None = None
+    ) -> None:
         """Take the pod's resources and device grant on its node.
 
-        ``pod`` may be omitted for pods the state already knows. Raises ValueError (naming
-        the pod and node) when the node is unknown or the pod does not fit.
+        ``pod`` may be omitted for pods the state already knows. ``demand``: what the pod
+        takes from that node (:meth:`demand_on`), when the caller has it. Raises ValueError
+        (naming the pod and node) when the node is unknown or the pod does not fit.
         """
         pod = pod or self.pods.get(assignment.pod_uid)
         if pod is None:
@@ -417,7 +420,8 @@ class ClusterState:
             raise ValueError(f"pod {assignment.pod_key}: node {assignment.node} is unknown")
         if assignment.pod_uid in self.placed or assignment.pod_uid in self.bound:
             raise ValueError(f"pod {assignment.pod_key} is already placed")
-        demand = self.demand_on(pod, slot)
+        if demand is None:
+            demand = self.demand_on(pod, slot)
         if demand is None or not slot.fits(demand):
             raise ValueError(f"pod {assignment.pod_key} does not fit on node {slot.name}")
         for index, milli in assignment.gpu_grant:
