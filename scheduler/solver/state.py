@@ -14,7 +14,6 @@ new is placed on them.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from scheduler.cluster.node import GPU_MILLI, GPU_MODEL_LABEL, Node
@@ -138,13 +137,10 @@ class NodeSlot:
         return True
 
 
-@dataclass(frozen=True, slots=True)
-class _Static:
-    allocatable: Resources
-    labels: tuple[tuple[str, str], ...]
-    taints: tuple[object, ...]
-    gpu_memory_mib: int | None
-    name: str
+#: A node's static traits as a class key part: allocatable, labels (those kept), taints, GPU
+#: memory and, when nodes are told apart by name, the name. A plain tuple: made and hashed
+#: for every node of every state built (a frozen dataclass cost four times as much).
+_Static = tuple[Resources, tuple[tuple[str, str], ...], tuple[object, ...], int | None, str]
 
 
 class ClusterState:
@@ -296,7 +292,7 @@ class ClusterState:
         labels = node.labels
         if self.label_keys is not None:
             labels = tuple(kv for kv in labels if kv[0] in self.label_keys)
-        key = _Static(
+        key: _Static = (
             node.allocatable,
             labels,
             tuple(node.taints),
