@@ -172,8 +172,7 @@ class ClassIndex:
         #: ids of every class that became non-empty, in order (append-only; shapes keep a
         #: cursor)
         self.events: list[int] = []
-        for key in state.classes:
-            self._event(key)
+        self._events_from_now()
         self._unsubscribe = state.subscribe(self._event)
         self.shapes: dict[ShapeKey, _ShapeHeap] = {}
         self._seq: dict[int, int] = {}
@@ -189,6 +188,12 @@ class ClassIndex:
         #: takes what that pod does from every node (:func:`fit_key`)
         self.ranked_with: Pod | None = None
 
+    def _events_from_now(self) -> None:
+        """Start the event log from the classes the state has now."""
+        self.events.clear()
+        for key in self.state.classes:
+            self._event(key)
+
     def _event(self, key: ClassKey) -> None:
         """Class ``key`` gained its first member."""
         i = self._ids.get(key)
@@ -200,11 +205,6 @@ class ClassIndex:
     def close(self) -> None:
         """Stop following the state."""
         self._unsubscribe()
-        # The undo holds this index's listener, a method of the index: a closed index must
-        # not stay in that reference cycle, or it (and the whole state it points at, 100,000
-        # objects at 5,000 nodes) waits for the cyclic collector instead of going when the
-        # cycle lets go of it.
-        self._unsubscribe = _closed
 
     def forget_scores(self) -> None:
         """Drop every cached score (the scorer's notion of quality changed), and restart the
@@ -212,9 +212,7 @@ class ClassIndex:
         self._scores.clear()
         self.shapes.clear()
         self._seq.clear()
-        self.events.clear()
-        for key in self.state.classes:
-            self._event(key)
+        self._events_from_now()
 
     def grant(self, pod: Pod, demand: PodDemand, node: str) -> tuple[tuple[int, int], ...] | None:
         """Devices for ``pod`` on ``node`` (picker of the scorer, else the default packer)."""
@@ -440,10 +438,6 @@ class ClassIndex:
             if accept(node) is None:
                 return node
         return None
-
-
-def _closed() -> None:
-    """The undo of a :class:`ClassIndex` that stopped following its state."""
 
 
 def _may_strand(pod: Pod) -> bool:

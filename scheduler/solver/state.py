@@ -328,9 +328,19 @@ class ClusterState:
             del self.classes[slot.key]
 
     def subscribe(self, listener: Callable[[ClassKey], None]) -> Callable[[], None]:
-        """Call ``listener(key)`` whenever a class gains its first member; returns an undo."""
+        """Call ``listener(key)`` whenever a class gains its first member; returns an undo.
+
+        The undo lets go of the listener once it ran: a subscriber that listens with a method
+        of its own and keeps the undo is then in no reference cycle (which kept it, and this
+        state, for the cyclic collector)."""
         self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener)
+        held = [listener]
+
+        def undo() -> None:
+            if held:
+                self._listeners.remove(held.pop())
+
+        return undo
 
     def gpu_room(self, models: Collection[str] = ()) -> tuple[int, int]:
         """(free, total) GPU thousandths on the placeable nodes of the GPU ``models`` (empty:
